@@ -1,0 +1,57 @@
+# kata-fsx build. Binaries land in bin/, generated files in build/.
+
+GO         ?= go
+PREFIX     ?= /usr/local
+DESTDIR    ?=
+VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo 0.0.0-dev)
+TOP        := $(abspath .)
+BUILD      := $(TOP)/build
+GUESTDIR   ?= $(BUILD)/guest
+
+QEMUPATH   ?= $(firstword $(wildcard /usr/bin/qemu-system-x86_64) /usr/bin/qemu-system-x86_64)
+VIRTIOFSD  ?= $(firstword $(wildcard /usr/libexec/virtiofsd /usr/lib/qemu/virtiofsd) /usr/libexec/virtiofsd)
+KERNELPATH ?= $(GUESTDIR)/vmlinux
+INITRDPATH ?= $(GUESTDIR)/initrd.img
+RUNDIR     ?= /run/kata-fsx
+STATEDIR   ?= /var/lib/kata-fsx/imagefs-blk
+
+LDFLAGS    := -X github.com/kata-fsx/kata-fsx/cli.Version=$(VERSION)
+BINARIES   := kata-fsx
+
+.PHONY: all build test test-short lint fuzz install clean guest
+
+all: build
+
+build: $(addprefix bin/,$(BINARIES)) $(BUILD)/configuration.toml
+
+bin/%: FORCE
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $@ ./cmd/$*
+
+FORCE:
+
+$(BUILD)/configuration.toml: configuration.toml.in Makefile
+	@mkdir -p $(BUILD)
+	sed -e 's|@QEMUPATH@|$(QEMUPATH)|g' \
+	    -e 's|@KERNELPATH@|$(KERNELPATH)|g' \
+	    -e 's|@INITRDPATH@|$(INITRDPATH)|g' \
+	    -e 's|@VIRTIOFSDPATH@|$(VIRTIOFSD)|g' \
+	    -e 's|@RUNDIR@|$(RUNDIR)|g' \
+	    -e 's|@STATEDIR@|$(STATEDIR)|g' $< > $@.tmp
+	mv $@.tmp $@
+
+# The full test suite, as CI runs it.
+test: build
+	$(GO) test -count=1 -timeout 25m ./...
+
+lint:
+	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)/etc/kata-containers
+	install -m 0755 $(addprefix bin/,$(BINARIES)) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 $(BUILD)/configuration.toml $(DESTDIR)/etc/kata-containers/configuration.toml
+
+clean:
+	rm -rf bin $(BUILD)/configuration.toml

@@ -1,0 +1,173 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/kata-fsx/kata-fsx/config"
+)
+
+type status string
+
+const (
+	pass status = "PASS"
+	warn status = "WARN"
+	fail status = "FAIL"
+)
+
+type checkLine struct {
+	st     status
+	name   string
+	detail string
+	fix    string
+}
+
+func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgPath := fs.String("config", "", "configuration file (default: the usual lookup, see kata-fsx env --help)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	c, err := config.Load(*cfgPath, devConfig())
+	if err != nil {
+		fmt.Fprintf(stdout, "%s  %-22s %v\n", fail, "configuration", err)
+		return 1
+	}
+	lines := hostChecks(c, probeHost(ctx, c))
+	failed := false
+	for _, l := range lines {
+		fmt.Fprintf(stdout, "%s  %-22s %s", l.st, l.name, l.detail)
+		if l.fix != "" && l.st != pass {
+			fmt.Fprintf(stdout, " (fix: %s)", l.fix)
+		}
+		fmt.Fprintln(stdout)
+		failed = failed || l.st == fail
+	}
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+func hostChecks(c *config.Config, h *hostState) []checkLine {
+	q := c.QEMU()
+	var out []checkLine
+	add := func(st status, name, detail, fix string) { out = append(out, checkLine{st, name, detail, fix}) }
+
+	add(pass, "configuration", fmt.Sprintf("%s (shared_fs %s from %s)", c.Path, c.SharedFS(), c.SharedFSKey()), "")
+	if err := config.Validate(c, h.facts()); err != nil {
+		for _, e := range unjoin(err) {
+			add(fail, "configuration", e.Error(), "")
+		}
+	}
+
+	if h.capsErr != nil {
+		add(fail, "qemu", h.capsErr.Error(), "apt-get install qemu-system-x86, or set hypervisor.qemu.path")
+	} else {
+		add(pass, "qemu", fmt.Sprintf("%s: %s", h.caps.Path, h.caps.VersionLine), "")
+		dev := func(name string, have bool, needed bool, why, fix string) {
+			switch {
+			case have:
+				add(pass, name, "supported by this QEMU", "")
+			case needed:
+				add(fail, name, "not supported by this QEMU: "+why, fix)
+			default:
+				add(warn, name, "not supported by this QEMU: "+why, fix)
+			}
+		}
+		dev("vhost-user-fs-pci", h.caps.VhostUserFS, c.NeedsVirtioFS(), "virtio-fs pods cannot run", "use a QEMU with virtio-fs")
+		dev("vhost-user-blk-pci", h.caps.VhostUserBlk, c.SharedFS() == config.SharedFSImagefsBlk || c.SharedFS() == config.SharedFSAuto, "imagefs-blk pods cannot run", "use a QEMU with vhost-user-blk")
+		dev("virtio-9p-pci", h.caps.Virtio9P, c.SharedFS() == config.SharedFS9P, "virtio-9p comparison runs cannot run", "use a QEMU with virtfs")
+		dev("vhost-vsock-pci", h.caps.VhostVsock, c.KataFSX.AgentTransport == config.TransportVsock, "the agent will use virtio-serial", "")
+		switch {
+		case h.caps.DAX:
+			add(pass, "virtio-fs DAX", "cache-size supported by this QEMU", "")
+		case q.VirtioFSCacheSize > 0:
+			add(fail, "virtio-fs DAX", fmt.Sprintf("virtio_fs_cache_size = %d but this QEMU has no cache-size property on vhost-user-fs-pci (upstream QEMU never merged DAX)", q.VirtioFSCacheSize), "set virtio_fs_cache_size = 0")
+		default:
+			add(pass, "virtio-fs DAX", "not supported by this QEMU (no cache-size property); not needed: virtio_fs_cache_size = 0", "")
+		}
+	}
+
+	switch {
+	case q.VirtioFSDaemon == "" && c.NeedsVirtioFS():
+		add(fail, "virtiofsd", "virtio_fs_daemon is not set", "set hypervisor.qemu.virtio_fs_daemon")
+	case q.VirtioFSDaemon == "":
+		add(pass, "virtiofsd", "not configured (not needed for shared_fs = "+c.SharedFS()+")", "")
+	case h.daemonErr != nil:
+		st := warn
+		if c.NeedsVirtioFS() {
+			st = fail
+		}
+		add(st, "virtiofsd", h.daemonErr.Error(), "install virtiofsd (Debian: qemu-system-common has /usr/lib/qemu/virtiofsd) or fix virtio_fs_daemon")
+	default:
+		d := h.daemon
+		add(pass, "virtiofsd", fmt.Sprintf("%s: %s flavour, version %s", d.Path, flavourName(d.Flavour), d.Version), "")
+		if m, err := config.DaemonCacheMode(q.VirtioFSCache, d.Flavour); err != nil {
+			add(fail, "virtiofsd cache mode", err.Error(), "")
+		} else {
+			add(pass, "virtiofsd cache mode", fmt.Sprintf("virtio_fs_cache = %q is %q for this daemon", q.VirtioFSCache, m), "")
+		}
+		if a, err := config.DaemonExtraArgs(q.VirtioFSExtraArgs, d.Flavour); err != nil {
+			add(fail, "virtiofsd extra args", err.Error(), "")
+		} else {
+			add(pass, "virtiofsd extra args", fmt.Sprintf("%q", a), "")
+		}
+	}
+
+	if h.accel == "kvm" {
+		add(pass, "kvm", h.accelWhy, "")
+	} else {
+		add(warn, "kvm", "not usable: "+h.accelWhy+"; guests run under TCG, much slower", "load kvm_intel/kvm_amd and give the runtime access to /dev/kvm")
+	}
+	if h.vsock {
+		add(pass, "vhost-vsock", "/dev/vhost-vsock usable: agent over vsock", "")
+	} else {
+		add(warn, "vhost-vsock", h.vsockWhy+"; the agent uses a virtio-serial port instead", "modprobe vhost_vsock")
+	}
+	if h.shmErr != nil {
+		add(warn, "/dev/shm", h.shmErr.Error(), "mount a tmpfs on /dev/shm")
+	} else if c.NeedsSharedMemory() && uint64(q.DefaultMemory) > h.shmFree {
+		add(fail, "/dev/shm", fmt.Sprintf("%d MiB free, default_memory is %d MiB and vhost-user devices need guest RAM there", h.shmFree, q.DefaultMemory), "grow /dev/shm or lower default_memory")
+	} else {
+		add(pass, "/dev/shm", fmt.Sprintf("%d MiB free for %d MiB of guest memory", h.shmFree, q.DefaultMemory), "")
+	}
+	if h.memfd {
+		add(pass, "memfd", "memfd_create works", "")
+	} else {
+		add(warn, "memfd", h.memfdWhy, "")
+	}
+	for _, p := range []struct{ key, path string }{{"kernel", q.Kernel}, {"image", q.Image}, {"initrd", q.Initrd}} {
+		switch {
+		case p.path == "" && p.key == "kernel":
+			add(fail, "kernel", "hypervisor.qemu.kernel is not set", "run 'make guest' or set it")
+		case p.path == "":
+			continue
+		default:
+			if fi, err := os.Stat(p.path); err != nil {
+				add(fail, p.key, fmt.Sprintf("hypervisor.qemu.%s = %s: %v", p.key, p.path, err), "run 'make guest' or fix the path")
+			} else {
+				add(pass, p.key, fmt.Sprintf("%s (%d bytes)", p.path, fi.Size()), "")
+			}
+		}
+	}
+	if q.Image == "" && q.Initrd == "" {
+		add(fail, "image/initrd", "neither hypervisor.qemu.image nor initrd is set", "run 'make guest' or set one")
+	}
+	return out
+}
+
+func flavourName(f config.DaemonFlavour) string {
+	switch f {
+	case config.FlavourC:
+		return "C (QEMU)"
+	case config.FlavourRust:
+		return "Rust"
+	}
+	return strings.TrimSpace(string(f))
+}

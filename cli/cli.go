@@ -1,0 +1,44 @@
+// Package cli implements the kata-fsx operator commands (env, check and
+// the image and run commands); cmd/kata-fsx is only its entry point.
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+)
+
+// Version is kata-fsx's release, set at link time by the Makefile.
+var Version = "0.0.0-dev"
+
+const usage = `usage: kata-fsx COMMAND [options]
+
+Commands:
+  env      print the effective configuration and host facts (like kata-runtime env)
+  check    check this host can run kata-fsx pods; non-zero exit on any failure
+  version  print the version
+
+Run 'kata-fsx COMMAND -h' for a command's options.
+`
+
+// Main runs the kata-fsx command line and returns the process exit status.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "env":
+		return runEnv(ctx, args[1:], stdout, stderr)
+	case "check":
+		return runCheck(ctx, args[1:], stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintf(stdout, "kata-fsx %s\n", Version)
+		return 0
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "kata-fsx: unknown command %q\n\n%s", args[0], usage)
+	return 2
+}

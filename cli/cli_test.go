@@ -1,0 +1,216 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+const debianVirtiofsd = "/usr/lib/qemu/virtiofsd"
+
+func run(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := Main(context.Background(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func writeConfig(t *testing.T, body string) string {
+	t.Helper()
+	dir := t.TempDir()
+	p := filepath.Join(dir, "configuration.toml")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func fakeDaemon(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "virtiofsd")
+	if err := os.WriteFile(p, []byte("#!/bin/sh\necho 'usage: virtiofsd [options]'; echo '    -o source=PATH'; echo 'virtiofsd version 7.2.0'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestEnvJSONReportsConfiguredSharedFSAndDaemon(t *testing.T) {
+	d := fakeDaemon(t)
+	for _, fs := range []string{"virtio-fs", "imagefs-blk", "auto", "virtio-9p"} {
+		cfg := writeConfig(t, "[hypervisor.qemu]\nshared_fs = \""+fs+"\"\nvirtio_fs_daemon = \""+d+"\"\n")
+		code, out, stderr := run(t, "env", "--json", "--config", cfg)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", fs, code, stderr)
+		}
+		var info EnvInfo
+		if err := json.Unmarshal([]byte(out), &info); err != nil {
+			t.Fatal(err)
+		}
+		if info.Hypervisor.SharedFS != fs || info.Hypervisor.VirtioFSDaemon != d || info.Runtime.Config.Path != cfg {
+			t.Fatalf("%s: got SharedFS %q VirtioFSDaemon %q config %q", fs, info.Hypervisor.SharedFS, info.Hypervisor.VirtioFSDaemon, info.Runtime.Config.Path)
+		}
+	}
+}
+
+func TestEnvTOMLHasKataSections(t *testing.T) {
+	cfg := writeConfig(t, "[hypervisor.qemu]\nvirtio_fs_daemon = \""+fakeDaemon(t)+"\"\n")
+	code, out, stderr := run(t, "env", "--config", cfg)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, s := range []string{"[Kernel]", "[Meta]", "[Image]", "[Initrd]", "[Hypervisor]", "[Runtime]", "[Runtime.Config]", "[Host]", "[Agent]", "[ImagefsBlk]",
+		"MachineType =", "SharedFS =", "VirtioFSDaemon =", "BlockDeviceDriver =", "VirtioFSDaemonFlavour =", "DAXSupported =", "Accelerator =", "Transport ="} {
+		if !strings.Contains(out, s) {
+			t.Errorf("env output lacks %q", s)
+		}
+	}
+}
+
+func TestEnvWithQEMUAndDaemonMissing(t *testing.T) {
+	cfg := writeConfig(t, "[hypervisor.qemu]\npath = \"/nonexistent/qemu\"\nvirtio_fs_daemon = \"/nonexistent/virtiofsd\"\n")
+	code, out, stderr := run(t, "env", "--json", "--config", cfg)
+	if code != 0 {
+		t.Fatalf("env failed with QEMU and virtiofsd missing: exit %d: %s", code, stderr)
+	}
+	var info EnvInfo
+	if err := json.Unmarshal([]byte(out), &info); err != nil {
+		t.Fatal(err)
+	}
+	if info.Hypervisor.Version != "not found" || info.Hypervisor.VirtioFSDaemonFlavour != "not found" {
+		t.Fatalf("want not found, got %q / %q", info.Hypervisor.Version, info.Hypervisor.VirtioFSDaemonFlavour)
+	}
+	if !strings.Contains(stderr, "virtio_fs_daemon") {
+		t.Fatalf("no warning naming virtio_fs_daemon: %s", stderr)
+	}
+}
+
+func TestEnvFailsNamingTheKey(t *testing.T) {
+	cases := map[string]string{
+		"hypervisor.qemu.shared_fs":        "[hypervisor.qemu]\nshared_fs = \"nfs\"\n",
+		"hypervisor.qemu.default_memory":   "[hypervisor.qemu]\ndefault_memory = 0\nshared_fs = \"virtio-9p\"\n",
+		"hypervisor.qemu.virtio_fs_daemon": "[hypervisor.qemu]\nshared_fs = \"virtio-fs\"\nvirtio_fs_daemon = \"\"\n",
+		"kata_fsx.imagefs_blk.queue_size":  "[hypervisor.qemu]\nshared_fs = \"virtio-9p\"\n[kata_fsx.imagefs_blk]\nqueue_size = 3\n",
+		":3:":                              "[hypervisor.qemu]\n\nshared_fs = virtio\n",
+	}
+	for key, body := range cases {
+		code, _, stderr := run(t, "env", "--config", writeConfig(t, body))
+		if code == 0 || !strings.Contains(stderr, key) {
+			t.Errorf("%s: exit %d, stderr %q", key, code, stderr)
+		}
+	}
+}
+
+func TestCheckFailsOnHostDependentErrors(t *testing.T) {
+	d := fakeDaemon(t)
+	cases := map[string]string{
+		"hypervisor.qemu.virtio_fs_cache":      "[hypervisor.qemu]\nvirtio_fs_daemon = \"" + d + "\"\nvirtio_fs_cache = \"metadata\"\n",
+		"hypervisor.qemu.virtio_fs_extra_args": "[hypervisor.qemu]\nvirtio_fs_daemon = \"" + d + "\"\nvirtio_fs_extra_args = [\"--cache=always\"]\n",
+		"hypervisor.qemu.virtio_fs_daemon":     "[hypervisor.qemu]\nvirtio_fs_daemon = \"/etc/passwd\"\n",
+	}
+	for key, body := range cases {
+		code, out, _ := run(t, "check", "--config", writeConfig(t, body))
+		if code == 0 || !strings.Contains(out, "FAIL") || !strings.Contains(out, key) {
+			t.Errorf("%s: exit %d, output:\n%s", key, code, out)
+		}
+	}
+}
+
+func TestCheckOnThisHost(t *testing.T) {
+	if _, err := os.Stat(debianVirtiofsd); err != nil {
+		t.Skip("Debian's qemu-system-x86 is not installed: " + err.Error())
+	}
+	dir := t.TempDir()
+	for _, f := range []string{"vmlinux", "initrd.img"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := writeConfig(t, "[hypervisor.qemu]\npath = \"/usr/bin/qemu-system-x86_64\"\nkernel = \""+dir+"/vmlinux\"\ninitrd = \""+dir+"/initrd.img\"\nvirtio_fs_daemon = \""+debianVirtiofsd+"\"\ndefault_memory = 256\n")
+	code, out, _ := run(t, "check", "--config", cfg)
+	if code != 0 {
+		t.Fatalf("check failed:\n%s", out)
+	}
+	for _, want := range []string{"PASS  virtiofsd              " + debianVirtiofsd + ": C (QEMU) flavour", "not supported by this QEMU (no cache-size property)", "PASS  vhost-user-blk-pci"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("check output lacks %q:\n%s", want, out)
+		}
+	}
+	// vsock and KVM are warnings when absent, never failures.
+	if _, err := os.Stat("/dev/vhost-vsock"); err != nil && !strings.Contains(out, "WARN  vhost-vsock") {
+		t.Errorf("no vsock warning:\n%s", out)
+	}
+}
+
+func TestCheckDAXRefusedOnDebianQEMU(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/qemu-system-x86_64"); err != nil {
+		t.Skip("qemu-system-x86 not installed")
+	}
+	cfg := writeConfig(t, "[hypervisor.qemu]\nshared_fs = \"virtio-9p\"\nvirtio_fs_cache_size = 1024\n")
+	code, out, _ := run(t, "check", "--config", cfg)
+	if code == 0 || !strings.Contains(out, "hypervisor.qemu.virtio_fs_cache_size") {
+		t.Fatalf("DAX on a QEMU without cache-size passed:\n%s", out)
+	}
+}
+
+func TestEnvPodAnnotations(t *testing.T) {
+	cfg := writeConfig(t, "[hypervisor.qemu]\nvirtio_fs_daemon = \""+fakeDaemon(t)+"\"\nenable_annotations = [\"shared_fs\"]\n[kata_fsx]\nshared_fs = \"auto\"\n")
+	ann := filepath.Join(t.TempDir(), "ann.json")
+	os.WriteFile(ann, []byte(`{"io.katacontainers.config.hypervisor.shared_fs": "virtio-fs"}`), 0o644)
+	code, out, stderr := run(t, "env", "--json", "--config", cfg, "--pod-annotations", ann)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var info EnvInfo
+	json.Unmarshal([]byte(out), &info)
+	if info.Policy == nil || info.Policy.Backend != "virtio-fs" || !strings.Contains(info.Policy.Reason, "annotation") {
+		t.Fatalf("policy %+v", info.Policy)
+	}
+	os.WriteFile(ann, []byte(`{}`), 0o644)
+	_, out, _ = run(t, "env", "--json", "--config", cfg, "--pod-annotations", ann)
+	json.Unmarshal([]byte(out), &info)
+	if info.Policy.Backend != "imagefs-blk" {
+		t.Fatalf("auto with an overlay rootfs: %+v", info.Policy)
+	}
+	os.WriteFile(ann, []byte(`{"io.katacontainers.config.hypervisor.virtio_fs_cache": "always"}`), 0o644)
+	code, _, stderr = run(t, "env", "--config", cfg, "--pod-annotations", ann)
+	if code == 0 || !strings.Contains(stderr, "annotation io.katacontainers.config.hypervisor.virtio_fs_cache is not enabled") {
+		t.Fatalf("refused annotation: exit %d %s", code, stderr)
+	}
+}
+
+// TestEnvAsNonRoot runs the real binary as nobody.
+func TestEnvAsNonRoot(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to switch to an unprivileged user")
+	}
+	dir, err := os.MkdirTemp("", "kata-fsx-nonroot-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	bin := filepath.Join(dir, "kata-fsx")
+	build := exec.Command("go", "build", "-o", bin, "../cmd/kata-fsx")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	cfg := filepath.Join(dir, "configuration.toml")
+	os.WriteFile(cfg, []byte("[hypervisor.qemu]\nvirtio_fs_daemon = \"/usr/lib/qemu/virtiofsd\"\n"), 0o644)
+	cmd := exec.Command(bin, "env", "--json", "--config", cfg)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("env as nobody: %v", err)
+	}
+	var info EnvInfo
+	if err := json.Unmarshal(out, &info); err != nil || info.Hypervisor.VirtioFSDaemon != "/usr/lib/qemu/virtiofsd" {
+		t.Fatalf("env as nobody: %v %+v", err, info.Hypervisor)
+	}
+}
