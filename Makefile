@@ -18,7 +18,7 @@ STATEDIR   ?= /var/lib/kata-fsx/imagefs-blk
 LDFLAGS    := -X github.com/kata-fsx/kata-fsx/cli.Version=$(VERSION)
 BINARIES   := kata-fsx
 
-.PHONY: all build test test-short lint fuzz install clean guest
+.PHONY: all build test lint fuzz install clean guest
 
 all: build
 
@@ -39,9 +39,16 @@ $(BUILD)/configuration.toml: configuration.toml.in Makefile
 	    -e 's|@STATEDIR@|$(STATEDIR)|g' $< > $@.tmp
 	mv $@.tmp $@
 
-# The full test suite, as CI runs it.
+# The full test suite, as CI runs it: unit and integration tests, then a
+# short run of every fuzz target.
 test: build
 	$(GO) test -count=1 -timeout 25m ./...
+	FUZZTIME=$(FUZZTIME) test/fuzz.sh
+
+FUZZTIME ?= 10s
+
+fuzz:
+	FUZZTIME=$(FUZZTIME) test/fuzz.sh
 
 lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
