@@ -16,6 +16,7 @@ const usage = `usage: kata-fsx COMMAND [options]
 Commands:
   env      print the effective configuration and host facts (like kata-runtime env)
   check    check this host can run kata-fsx pods; non-zero exit on any failure
+  run      boot a one-off pod VM and run a command in it (see kata-fsx run -h)
   version  print the version
 
 Run 'kata-fsx COMMAND -h' for a command's options.

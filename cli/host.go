@@ -50,7 +50,7 @@ func probeHost(ctx context.Context, c *config.Config) *hostState {
 	case config.AccelTCG:
 		h.accel, h.accelWhy = hypervisor.AccelTCG, "kata_fsx.accelerator = \"tcg\""
 	default:
-		h.accel, h.accelWhy = hypervisor.DetectAccel(ctx, q.Path)
+		h.accel, h.accelWhy = hypervisor.ResolveAccel(ctx, q.Path, q.Kernel, AccelCacheDir(c))
 	}
 	h.vsock, h.vsockWhy = hypervisor.VsockAvailable()
 	h.memfd, h.memfdWhy = hypervisor.MemfdAvailable()
@@ -171,9 +171,21 @@ func cpuInfo() (vendor, model string) {
 	return vendor, model
 }
 
-// devConfig is the file 'make build' renders, found from the binary in
+// AccelCacheDir is where the accelerator verdict is cached: the runtime's
+// state directory for root, the user's cache directory otherwise.
+func AccelCacheDir(c *config.Config) string {
+	if os.Geteuid() == 0 {
+		return c.KataFSX.StateDir
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "kata-fsx")
+	}
+	return ""
+}
+
+// DevConfig is the file 'make build' renders, found from the binary in
 // bin/, so a development tree works without 'make install'.
-func devConfig() string {
+func DevConfig() string {
 	exe, err := os.Executable()
 	if err != nil {
 		return ""

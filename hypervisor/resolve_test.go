@@ -1,0 +1,49 @@
+package hypervisor
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestResolveAccelUsesAndRefreshesCache(t *testing.T) {
+	qemu := qemuBinaryOrEmpty()
+	if qemu == "" {
+		t.Skip("qemu-system-x86_64 not installed")
+	}
+	if a, _ := DetectAccel(context.Background(), qemu); a != AccelKVM {
+		t.Skip("no /dev/kvm here: ResolveAccel is DetectAccel")
+	}
+	dir := t.TempDir()
+	kernel := filepath.Join(dir, "vmlinux")
+	os.WriteFile(kernel, []byte("not a kernel"), 0o644)
+	// A kernel that cannot boot makes the probe fail: TCG, with the reason.
+	a, why := ResolveAccel(context.Background(), qemu, kernel, dir)
+	if a != AccelTCG || !strings.Contains(why, "does not boot under KVM") {
+		t.Fatalf("got %s: %s", a, why)
+	}
+	// The verdict is cached...
+	b, err := os.ReadFile(filepath.Join(dir, "accel.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v accelVerdict
+	if err := json.Unmarshal(b, &v); err != nil || v.Accel != AccelTCG {
+		t.Fatalf("cache %s %v", b, err)
+	}
+	// ...and believed while its key holds: a forged KVM verdict is returned as such.
+	v.Accel, v.Reason = AccelKVM, "forged"
+	b, _ = json.Marshal(v)
+	os.WriteFile(filepath.Join(dir, "accel.json"), b, 0o600)
+	if a, why := ResolveAccel(context.Background(), qemu, kernel, dir); a != AccelKVM || !strings.Contains(why, "cached") {
+		t.Fatalf("cache not used: %s %s", a, why)
+	}
+	// Changing the kernel invalidates it.
+	os.WriteFile(kernel, []byte("another non-kernel"), 0o644)
+	if a, _ := ResolveAccel(context.Background(), qemu, kernel, dir); a != AccelTCG {
+		t.Fatalf("stale cache used: %s", a)
+	}
+}
