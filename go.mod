@@ -3,19 +3,17 @@ module github.com/kata-fsx/kata-fsx
 go 1.26.0
 
 require (
-	github.com/BurntSushi/toml v1.6.0 // indirect
-	github.com/containerd/log v0.1.0 // indirect
-	github.com/containerd/ttrpc v1.2.10 // indirect
-	github.com/klauspost/compress v1.20.4 // indirect
-	github.com/mitchellh/colorstring v0.0.0-20190213212951-d06e56a500db // indirect
-	github.com/opencontainers/image-spec v1.1.1 // indirect
-	github.com/opencontainers/runtime-spec v1.3.0 // indirect
-	github.com/rivo/uniseg v0.4.7 // indirect
-	github.com/schollz/progressbar/v3 v3.19.1 // indirect
+	github.com/BurntSushi/toml v1.6.0
+	github.com/containerd/log v0.1.0
+	github.com/containerd/ttrpc v1.2.10
+	github.com/klauspost/compress v1.20.4
+	github.com/opencontainers/runtime-spec v1.3.0
+	golang.org/x/sys v0.50.0
+	google.golang.org/grpc v1.81.1
+	google.golang.org/protobuf v1.36.12
+)
+
+require (
 	github.com/sirupsen/logrus v1.10.2 // indirect
-	golang.org/x/sys v0.50.0 // indirect
-	golang.org/x/term v0.44.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260226221140-a57be14db171 // indirect
-	google.golang.org/grpc v1.81.1 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 )

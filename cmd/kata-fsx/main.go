@@ -8,11 +8,19 @@ import (
 	"syscall"
 
 	"github.com/kata-fsx/kata-fsx/cli"
+	"github.com/kata-fsx/kata-fsx/shim"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	var code int
+	// run boots a pod through the shim's own sandbox code, which only the
+	// binaries may import; every other command lives in cli.
+	if len(os.Args) > 1 && os.Args[1] == "run" {
+		code = shim.RunCommand(ctx, os.Args[2:], os.Stdout, os.Stderr, cli.DevConfig())
+	} else {
+		code = cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	}
 	stop()
 	os.Exit(code)
 }

@@ -1,0 +1,81 @@
+// Package shim is the kata-fsx runtime: the containerd Task API service and
+// the sandbox and container lifecycle behind it, which `kata-fsx run` uses too.
+package shim
+
+import (
+	"fmt"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
+)
+
+// agentSpec converts an OCI runtime spec into the agent protocol's Spec,
+// with the root path replaced by where the rootfs is inside the guest.
+// Host-only parts (hooks, cgroup resources, seccomp) are dropped: the VM
+// boundary stands in for them.
+func agentSpec(s *specs.Spec, guestRoot string, readonly bool) (*pb.Spec, error) {
+	if s == nil || s.Process == nil {
+		return nil, fmt.Errorf("OCI spec has no process")
+	}
+	if len(s.Process.Args) == 0 {
+		return nil, fmt.Errorf("OCI spec process has no args")
+	}
+	p := s.Process
+	out := &pb.Spec{
+		Version:  s.Version,
+		Hostname: s.Hostname,
+		Root:     &pb.Root{Path: guestRoot, Readonly: readonly},
+		Process: &pb.Process{
+			Terminal: p.Terminal,
+			User: &pb.User{
+				UID: p.User.UID, GID: p.User.GID,
+				AdditionalGids: append([]uint32(nil), p.User.AdditionalGids...),
+				Username:       p.User.Username,
+			},
+			Args:            append([]string(nil), p.Args...),
+			Env:             append([]string(nil), p.Env...),
+			Cwd:             p.Cwd,
+			NoNewPrivileges: p.NoNewPrivileges,
+		},
+		Annotations: map[string]string{},
+	}
+	if out.Process.Cwd == "" {
+		out.Process.Cwd = "/"
+	}
+	if p.ConsoleSize != nil {
+		out.Process.ConsoleSize = &pb.Box{Height: uint32(p.ConsoleSize.Height), Width: uint32(p.ConsoleSize.Width)}
+	}
+	for k, v := range s.Annotations {
+		out.Annotations[k] = v
+	}
+	for _, m := range s.Mounts {
+		// Host binds cannot be honoured inside the guest as they are; the
+		// sandbox turns the ones it shares into guest paths before this.
+		if m.Type == "bind" || hasOption(m.Options, "bind") || hasOption(m.Options, "rbind") {
+			continue
+		}
+		out.Mounts = append(out.Mounts, &pb.Mount{Destination: m.Destination, Source: m.Source, Type: m.Type, Options: append([]string(nil), m.Options...)})
+	}
+	if s.Linux != nil {
+		out.Linux = &pb.Linux{
+			Sysctl:        s.Linux.Sysctl,
+			MaskedPaths:   append([]string(nil), s.Linux.MaskedPaths...),
+			ReadonlyPaths: append([]string(nil), s.Linux.ReadonlyPaths...),
+		}
+		for _, ns := range s.Linux.Namespaces {
+			// Namespace paths name host namespaces, meaningless in the guest.
+			out.Linux.Namespaces = append(out.Linux.Namespaces, &pb.LinuxNamespace{Type: string(ns.Type)})
+		}
+	}
+	return out, nil
+}
+
+func hasOption(opts []string, o string) bool {
+	for _, x := range opts {
+		if x == o {
+			return true
+		}
+	}
+	return false
+}

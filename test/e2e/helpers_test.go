@@ -1,0 +1,227 @@
+// Package e2e holds end-to-end tests that drive the built binaries against
+// real QEMU, virtiofsd and the test guest kit.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"debug/elf"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kata-fsx/kata-fsx/hypervisor"
+)
+
+var repoRoot = func() string {
+	d, _ := filepath.Abs("../..")
+	return d
+}()
+
+// buildKataFSX builds bin/kata-fsx once per test binary run.
+var buildKataFSX = sync.OnceValues(func() (string, error) {
+	bin := filepath.Join(repoRoot, "bin", "kata-fsx")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/kata-fsx")
+	cmd.Dir = repoRoot
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+func kataFSX(t *testing.T) string {
+	t.Helper()
+	bin, err := buildKataFSX()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// testAccel resolves accelerator = "auto" once for the whole run (the KVM
+// boot probe is slow where KVM is broken) and gives every test's config the
+// verdict explicitly; KATA_FSX_TEST_ACCEL overrides it.
+func testAccel(kit string) string {
+	if a := os.Getenv("KATA_FSX_TEST_ACCEL"); a != "" {
+		return a
+	}
+	return resolveAccel()
+}
+
+var resolveAccel = sync.OnceValue(func() string {
+	a, why := hypervisor.ResolveAccel(context.Background(), "/usr/bin/qemu-system-x86_64",
+		filepath.Join(kitDir(), "vmlinux"), filepath.Join(repoRoot, "build", "cache"))
+	fmt.Fprintf(os.Stderr, "e2e: accelerator %s: %s\n", a, why)
+	return string(a)
+})
+
+func kitDir() string {
+	if dir := os.Getenv("KATA_FSX_GUEST_DIR"); dir != "" {
+		return dir
+	}
+	return filepath.Join(repoRoot, "build", "guest")
+}
+
+// guestKit returns the kit directory, skipping visibly when it is absent.
+func guestKit(t *testing.T) string {
+	t.Helper()
+	dir := kitDir()
+	for _, f := range []string{"vmlinux", "initrd.img"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Skipf("guest kit missing (%v): run 'make guest'", err)
+		}
+	}
+	if _, err := os.Stat("/usr/bin/qemu-system-x86_64"); err != nil {
+		t.Skip("qemu-system-x86 not installed")
+	}
+	if os.Getuid() != 0 {
+		t.Skip("pod VMs need root (mounts, virtiofsd)")
+	}
+	return dir
+}
+
+// env is one test's private world: a config whose state directories are
+// its own, so leftovers can be checked.
+type env struct {
+	t        *testing.T
+	dir      string
+	stateDir string
+	config   string
+}
+
+func newEnv(t *testing.T, extra string) *env {
+	kit := guestKit(t)
+	dir := t.TempDir()
+	e := &env{t: t, dir: dir, stateDir: filepath.Join(dir, "run")}
+	accel := testAccel(kit)
+	cfg := fmt.Sprintf(`[hypervisor.qemu]
+path = "/usr/bin/qemu-system-x86_64"
+kernel = "%s/vmlinux"
+initrd = "%s/initrd.img"
+default_memory = 512
+virtio_fs_daemon = "/usr/lib/qemu/virtiofsd"
+valid_virtio_fs_daemon_paths = ["/usr/lib/qemu/virtiofsd"]
+%s
+[agent.kata]
+dial_timeout = 90
+
+[kata_fsx]
+accelerator = "%s"
+state_dir = "%s"
+
+[kata_fsx.imagefs_blk]
+state_dir = "%s/blk"
+`, kit, kit, extra, accel, e.stateDir, dir)
+	e.config = filepath.Join(dir, "configuration.toml")
+	if err := os.WriteFile(e.config, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.assertNothingLeft)
+	return e
+}
+
+// busyboxRootfs makes a rootfs of the static busybox with its applets.
+func busyboxRootfs(t *testing.T) string {
+	t.Helper()
+	bb := "/bin/busybox"
+	f, err := elf.Open(bb)
+	if err != nil {
+		t.Skipf("busybox: %v (apt-get install busybox-static)", err)
+	}
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			f.Close()
+			t.Skip("/bin/busybox is dynamic: install busybox-static")
+		}
+	}
+	f.Close()
+	root := filepath.Join(t.TempDir(), "rootfs")
+	for _, d := range []string{"bin", "proc", "sys", "dev", "tmp", "etc", "root"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, err := os.ReadFile(bb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin", "busybox"), data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"sh", "echo", "cat", "ls", "sleep", "mkdir", "rm", "stat", "chown", "find", "sync", "wc", "grep", "head", "md5sum"} {
+		if err := os.Symlink("busybox", filepath.Join(root, "bin", a)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+	took           time.Duration
+}
+
+// run runs bin/kata-fsx with the env's config and a deadline.
+func (e *env) run(ctx context.Context, args ...string) result {
+	e.t.Helper()
+	cmd := exec.CommandContext(ctx, kataFSX(e.t), append([]string{args[0], "--config", e.config}, args[1:]...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	start := time.Now()
+	err := cmd.Run()
+	r := result{stdout: out.String(), stderr: errb.String(), took: time.Since(start)}
+	if ee, ok := err.(*exec.ExitError); ok {
+		r.code = ee.ExitCode()
+	} else if err != nil {
+		e.t.Fatalf("kata-fsx %v: %v\n%s", args, err, r.stderr)
+	}
+	return r
+}
+
+// assertNothingLeft checks that no process, mount or state file of this
+// test's world survived it.
+func (e *env) assertNothingLeft() {
+	t := e.t
+	if pids := processesMentioning(e.dir); len(pids) > 0 {
+		t.Errorf("processes left behind: %v", pids)
+		for _, p := range pids {
+			syscallKill(p)
+		}
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, l := range strings.Split(string(mounts), "\n") {
+		if strings.Contains(l, e.dir) {
+			t.Errorf("mount left behind: %s", l)
+		}
+	}
+	entries, _ := os.ReadDir(e.stateDir)
+	for _, en := range entries {
+		if en.Name() == "accel.json" {
+			continue // the accelerator verdict cache is meant to stay
+		}
+		t.Errorf("state left behind: %s", filepath.Join(e.stateDir, en.Name()))
+	}
+}
+
+func processesMentioning(s string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, en := range ents {
+		pid, err := strconv.Atoi(en.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", en.Name(), "cmdline"))
+		if err == nil && bytes.Contains(b, []byte(s)) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
