@@ -1,0 +1,651 @@
+package index
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+
+	"strings"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// DefaultMaxBlobSize bounds one uncompressed layer unless Options says
+	// otherwise; it stops decompression bombs from filling the cache disk.
+	DefaultMaxBlobSize = 64 << 30
+
+	maxJSONSize       = 8 << 20 // index.json, manifests, configs
+	maxArchiveMembers = 1 << 20
+	maxZstdWindow     = 1 << 27
+)
+
+// Media types of layers FromOCI reads; compression is detected from the
+// content itself (docker-save archives declare none), so the media type
+// only has to be one of these.
+var layerMediaTypes = map[string]bool{
+	"":                                       true, // docker-save
+	"application/vnd.oci.image.layer.v1.tar": true,
+	"application/vnd.oci.image.layer.v1.tar+gzip":                  true,
+	"application/vnd.oci.image.layer.v1.tar+zstd":                  true,
+	"application/vnd.oci.image.layer.nondistributable.v1.tar":      true,
+	"application/vnd.oci.image.layer.nondistributable.v1.tar+gzip": true,
+	"application/vnd.oci.image.layer.nondistributable.v1.tar+zstd": true,
+	"application/vnd.docker.image.rootfs.diff.tar.gzip":            true,
+	"application/vnd.docker.image.rootfs.foreign.diff.tar.gzip":    true,
+	"application/vnd.docker.image.rootfs.diff.tar":                 true,
+}
+
+// BlobPath returns where the uncompressed layer with the given diffID
+// ("sha256:<hex>") lives in a cache directory.
+func BlobPath(cacheDir, digest string) (string, error) {
+	h, err := blobHex(digest)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(cacheDir, "blobs", "sha256", h), nil
+}
+
+// FromOCI indexes an image read directly: an OCI image layout directory, or
+// a tar archive holding an OCI layout or a `docker save` image (told apart
+// by their oci-layout and manifest.json files). tag selects the image by its
+// org.opencontainers.image.ref.name / io.containerd.image.name annotation
+// (OCI) or RepoTags (docker); it may be empty when the image holds one.
+//
+// Every layer, compressed (gzip, zstd) or not, is written once, verified
+// against its diffID, to opts.CacheDir/blobs/sha256/<diffID hex>, and its
+// regular files become SourceBlob "sha256:<diffID>" data at their offset in
+// that uncompressed tar; HostOpener serves them from there. Per-layer
+// indexes are cached by diffID.
+func FromOCI(ctx context.Context, path, tag string, opts Options) (*Index, error) {
+	if opts.CacheDir == "" {
+		return nil, fmt.Errorf("image %s: %w", path, invalidf("Options.CacheDir is required for OCI images"))
+	}
+	src, err := openImage(path)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", path, err)
+	}
+	defer src.close()
+	layers, err := imageLayers(src, tag)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", path, err)
+	}
+	st := opts.stats()
+	cache := indexCache{dir: opts.CacheDir}
+	idx := make([]*Index, len(layers))
+	names := make([]string, len(layers))
+	for i, l := range layers {
+		names[i] = fmt.Sprintf("%d (%s)", i, l.diffID)
+		s := Source{Kind: SourceBlob, ID: l.diffID}
+		key := "blob\x00" + l.diffID
+		blob, err := BlobPath(opts.CacheDir, l.diffID)
+		if err != nil {
+			return nil, fmt.Errorf("image %s: layer %s: %w", path, names[i], err)
+		}
+		haveBlob := isRegular(blob)
+		if haveBlob {
+			if ix := cache.load(key, s); ix != nil {
+				idx[i] = ix
+				st.LayersCached++
+				continue
+			}
+		} else {
+			if err := materialize(ctx, src, l, blob, opts.maxBlobSize()); err != nil {
+				return nil, fmt.Errorf("image %s: layer %s: %w", path, names[i], err)
+			}
+			st.BlobsWritten++
+		}
+		ix, err := indexBlob(ctx, blob, s, opts.maxEntries(), names[i])
+		if err != nil {
+			return nil, fmt.Errorf("image %s: %w", path, err)
+		}
+		st.LayersIndexed++
+		if err := cache.store(key, ix); err != nil {
+			return nil, fmt.Errorf("image %s: layer %s: %w", path, names[i], err)
+		}
+		idx[i] = ix
+	}
+	ix, err := merge(ctx, idx, names, opts.maxEntries())
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", path, err)
+	}
+	st.Entries = len(ix.Entries)
+	return ix, nil
+}
+
+func (o *Options) maxBlobSize() int64 {
+	if o.MaxBlobSize > 0 {
+		return o.MaxBlobSize
+	}
+	return DefaultMaxBlobSize
+}
+
+func isRegular(p string) bool {
+	fi, err := os.Lstat(p)
+	return err == nil && fi.Mode().IsRegular()
+}
+
+func indexBlob(ctx context.Context, blob string, s Source, max int, name string) (*Index, error) {
+	f, err := os.Open(blob)
+	if err != nil {
+		return nil, fmt.Errorf("layer %s: %w", name, err)
+	}
+	defer f.Close()
+	return readTarLayer(ctx, newBufferedSeeker(f), s, max, name)
+}
+
+// imageFiles reads the files of an image layout or archive by name.
+type imageFiles interface {
+	open(name string) (io.ReadCloser, error)
+	has(name string) bool
+	close()
+}
+
+func openImage(path string) (imageFiles, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if fi.IsDir() {
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open: %w", err)
+		}
+		return &dirFiles{fd: fd}, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	a := &archiveFiles{f: f, members: map[string]member{}, links: map[string]string{}}
+	if err := a.scan(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// dirFiles is an image layout directory; files are opened beneath it
+// without following symlinks.
+type dirFiles struct{ fd int }
+
+func (d *dirFiles) open(name string) (io.ReadCloser, error) {
+	f, err := openBeneath(d.fd, name)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", name, err)
+	}
+	return f, nil
+}
+
+func (d *dirFiles) has(name string) bool {
+	f, err := openBeneath(d.fd, name)
+	if err != nil {
+		return false
+	}
+	f.Close()
+	return true
+}
+
+func (d *dirFiles) close() { unix.Close(d.fd) }
+
+type member struct{ off, size int64 }
+
+// archiveFiles is an image tar; members are read in place by offset.
+type archiveFiles struct {
+	f       *os.File
+	members map[string]member
+	links   map[string]string // symlink members (docker save links duplicate layers)
+}
+
+func (a *archiveFiles) scan() error {
+	tr := tar.NewReader(a.f)
+	for n := 0; ; n++ {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read archive: %w", err)
+		}
+		if n >= maxArchiveMembers {
+			return invalidf("archive has more than %d members", maxArchiveMembers)
+		}
+		p, err := tarPath(hdr.Name)
+		if err != nil {
+			return fmt.Errorf("archive member %q: %w", trunc(hdr.Name), err)
+		}
+		switch hdr.Typeflag {
+		case tar.TypeReg:
+			off, err := a.f.Seek(0, io.SeekCurrent)
+			if err != nil {
+				return fmt.Errorf("archive member %q: %w", p, err)
+			}
+			a.members[p] = member{off: off, size: hdr.Size}
+		case tar.TypeSymlink:
+			a.links[p] = hdr.Linkname
+		}
+	}
+}
+
+func (a *archiveFiles) resolve(name string) (member, error) {
+	p := name
+	for hops := 0; hops < 8; hops++ {
+		if m, ok := a.members[p]; ok {
+			return m, nil
+		}
+		t, ok := a.links[p]
+		if !ok {
+			return member{}, fmt.Errorf("%s: %w", name, os.ErrNotExist)
+		}
+		if strings.HasPrefix(t, "/") {
+			return member{}, invalidf("archive symlink %q is absolute", p)
+		}
+		j := filepath.ToSlash(filepath.Clean(filepath.Join(filepath.Dir(p), t)))
+		if j == ".." || strings.HasPrefix(j, "../") {
+			return member{}, invalidf("archive symlink %q leaves the archive", p)
+		}
+		p = j
+	}
+	return member{}, invalidf("archive symlink %q: too many levels", name)
+}
+
+func (a *archiveFiles) open(name string) (io.ReadCloser, error) {
+	m, err := a.resolve(name)
+	if err != nil {
+		return nil, err
+	}
+	return io.NopCloser(io.NewSectionReader(a.f, m.off, m.size)), nil
+}
+
+func (a *archiveFiles) has(name string) bool {
+	_, err := a.resolve(name)
+	return err == nil
+}
+
+func (a *archiveFiles) close() { a.f.Close() }
+
+// layerRef is one layer of the selected image.
+type layerRef struct {
+	file      string // name within the image
+	digest    string // digest of the (compressed) blob, "" if unknown
+	mediaType string
+	diffID    string
+}
+
+type descriptor struct {
+	MediaType   string            `json:"mediaType"`
+	Digest      string            `json:"digest"`
+	Size        int64             `json:"size"`
+	Annotations map[string]string `json:"annotations"`
+	Platform    *struct {
+		Architecture string `json:"architecture"`
+		OS           string `json:"os"`
+	} `json:"platform"`
+}
+
+type ociIndex struct {
+	MediaType string       `json:"mediaType"`
+	Manifests []descriptor `json:"manifests"`
+}
+
+type ociManifest struct {
+	MediaType string       `json:"mediaType"`
+	Config    descriptor   `json:"config"`
+	Layers    []descriptor `json:"layers"`
+}
+
+type imageConfig struct {
+	RootFS struct {
+		Type    string   `json:"type"`
+		DiffIDs []string `json:"diff_ids"`
+	} `json:"rootfs"`
+}
+
+type dockerManifest struct {
+	Config   string   `json:"Config"`
+	RepoTags []string `json:"RepoTags"`
+	Layers   []string `json:"Layers"`
+}
+
+const (
+	mtOCIIndex     = "application/vnd.oci.image.index.v1+json"
+	mtDockerList   = "application/vnd.docker.distribution.manifest.list.v2+json"
+	annotRefName   = "org.opencontainers.image.ref.name"
+	annotImageName = "io.containerd.image.name"
+)
+
+func readJSON(files imageFiles, name, digest string, v any) error {
+	rc, err := files.open(name)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, maxJSONSize+1))
+	if err != nil {
+		return fmt.Errorf("read %s: %w", name, err)
+	}
+	if len(b) > maxJSONSize {
+		return invalidf("%s larger than %d bytes", name, maxJSONSize)
+	}
+	if digest != "" {
+		sum := sha256.Sum256(b)
+		if "sha256:"+hex.EncodeToString(sum[:]) != digest {
+			return invalidf("%s does not match its digest %s", name, digest)
+		}
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("parse %s: %w: %w", name, ErrInvalid, err)
+	}
+	return nil
+}
+
+func blobName(digest string) (string, error) {
+	h, err := blobHex(digest)
+	if err != nil {
+		return "", err
+	}
+	return "blobs/sha256/" + h, nil
+}
+
+// imageLayers finds the selected image's layers, lowest first.
+func imageLayers(files imageFiles, tag string) ([]layerRef, error) {
+	oci := files.has("oci-layout") && files.has("index.json")
+	docker := files.has("manifest.json")
+	switch {
+	case oci && docker:
+		// docker save >= 25 writes both; its OCI annotations name tags
+		// differently from RepoTags, so accept a match in either.
+		l, err := ociLayers(files, tag)
+		if err == nil {
+			return l, nil
+		}
+		if l, derr := dockerLayers(files, tag); derr == nil {
+			return l, nil
+		}
+		return nil, err
+	case oci:
+		return ociLayers(files, tag)
+	case docker:
+		return dockerLayers(files, tag)
+	}
+	return nil, invalidf("neither an OCI layout (oci-layout, index.json) nor a docker-save archive (manifest.json)")
+}
+
+func ociLayers(files imageFiles, tag string) ([]layerRef, error) {
+	var idx ociIndex
+	if err := readJSON(files, "index.json", "", &idx); err != nil {
+		return nil, err
+	}
+	var refs []string
+	var pick []descriptor
+	for _, m := range idx.Manifests {
+		r, n := m.Annotations[annotRefName], m.Annotations[annotImageName]
+		refs = append(refs, r+" "+n)
+		if tag == "" || r == tag || n == tag {
+			pick = append(pick, m)
+		}
+	}
+	if len(pick) != 1 {
+		return nil, invalidf("tag %q matches %d of the images in index.json (refs: %s)", tag, len(pick), strings.Join(refs, ", "))
+	}
+	d := pick[0]
+	// Nested indexes (multi-platform images): pick this host's platform.
+	for depth := 0; d.MediaType == mtOCIIndex || d.MediaType == mtDockerList; depth++ {
+		if depth > 4 {
+			return nil, invalidf("image indexes nested too deeply")
+		}
+		name, err := blobName(d.Digest)
+		if err != nil {
+			return nil, err
+		}
+		var sub ociIndex
+		if err := readJSON(files, name, d.Digest, &sub); err != nil {
+			return nil, err
+		}
+		var found *descriptor
+		for i, m := range sub.Manifests {
+			if len(sub.Manifests) == 1 || m.Platform != nil && m.Platform.OS == "linux" && m.Platform.Architecture == runtime.GOARCH {
+				found = &sub.Manifests[i]
+				break
+			}
+		}
+		if found == nil {
+			return nil, invalidf("image index %s has no linux/%s manifest", d.Digest, runtime.GOARCH)
+		}
+		d = *found
+	}
+	name, err := blobName(d.Digest)
+	if err != nil {
+		return nil, err
+	}
+	var man ociManifest
+	if err := readJSON(files, name, d.Digest, &man); err != nil {
+		return nil, err
+	}
+	cname, err := blobName(man.Config.Digest)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	var cfg imageConfig
+	if err := readJSON(files, cname, man.Config.Digest, &cfg); err != nil {
+		return nil, err
+	}
+	if len(cfg.RootFS.DiffIDs) != len(man.Layers) {
+		return nil, invalidf("manifest has %d layers but config %d diff_ids", len(man.Layers), len(cfg.RootFS.DiffIDs))
+	}
+	out := make([]layerRef, len(man.Layers))
+	for i, l := range man.Layers {
+		ln, err := blobName(l.Digest)
+		if err != nil {
+			return nil, fmt.Errorf("layer %d: %w", i, err)
+		}
+		out[i] = layerRef{file: ln, digest: l.Digest, mediaType: l.MediaType, diffID: cfg.RootFS.DiffIDs[i]}
+	}
+	return out, nil
+}
+
+func dockerLayers(files imageFiles, tag string) ([]layerRef, error) {
+	var ms []dockerManifest
+	if err := readJSON(files, "manifest.json", "", &ms); err != nil {
+		return nil, err
+	}
+	var pick []dockerManifest
+	var tags []string
+	for _, m := range ms {
+		tags = append(tags, m.RepoTags...)
+		if tag == "" {
+			pick = append(pick, m)
+			continue
+		}
+		for _, t := range m.RepoTags {
+			if t == tag || !strings.Contains(tag, ":") && t == tag+":latest" {
+				pick = append(pick, m)
+				break
+			}
+		}
+	}
+	if len(pick) != 1 {
+		return nil, invalidf("tag %q matches %d of the images in manifest.json (tags: %s)", tag, len(pick), strings.Join(tags, ", "))
+	}
+	m := pick[0]
+	cn, err := tarPath(m.Config)
+	if err != nil {
+		return nil, fmt.Errorf("config %q: %w", trunc(m.Config), err)
+	}
+	var cfg imageConfig
+	if err := readJSON(files, cn, "", &cfg); err != nil {
+		return nil, err
+	}
+	if len(cfg.RootFS.DiffIDs) != len(m.Layers) {
+		return nil, invalidf("manifest has %d layers but config %d diff_ids", len(m.Layers), len(cfg.RootFS.DiffIDs))
+	}
+	out := make([]layerRef, len(m.Layers))
+	for i, l := range m.Layers {
+		ln, err := tarPath(l)
+		if err != nil {
+			return nil, fmt.Errorf("layer %d %q: %w", i, trunc(l), err)
+		}
+		out[i] = layerRef{file: ln, diffID: cfg.RootFS.DiffIDs[i]}
+		// Newer docker saves layers as OCI blobs named by digest.
+		if h, ok := strings.CutPrefix(ln, "blobs/sha256/"); ok {
+			out[i].digest = "sha256:" + h
+		}
+	}
+	return out, nil
+}
+
+// ctxReader stops a long copy when the context is cancelled.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}
+
+// materialize writes layer l, decompressed, to dst: through a temp file in
+// the same directory, verified against the layer digest and diffID, then
+// renamed, so dst only ever holds complete, verified content.
+func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, maxSize int64) error {
+	if !layerMediaTypes[l.mediaType] {
+		return invalidf("unsupported layer media type %q", l.mediaType)
+	}
+	if _, err := blobHex(l.diffID); err != nil {
+		return fmt.Errorf("diffID: %w", err)
+	}
+	rc, err := files.open(l.file)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	var zh hash.Hash = sha256.New()
+	br := bufio.NewReaderSize(io.TeeReader(ctxReader{ctx, rc}, zh), 1<<20)
+	magic, _ := br.Peek(4)
+	var dec io.Reader
+	switch {
+	case bytes.HasPrefix(magic, []byte{0x1f, 0x8b}):
+		gz, err := gzip.NewReader(br)
+		if err != nil {
+			return fmt.Errorf("gzip: %w: %w", ErrInvalid, err)
+		}
+		defer gz.Close()
+		dec = gz
+	case bytes.HasPrefix(magic, []byte{0x28, 0xb5, 0x2f, 0xfd}):
+		zr, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(maxZstdWindow), zstd.WithDecoderLowmem(true))
+		if err != nil {
+			return fmt.Errorf("zstd: %w", err)
+		}
+		defer zr.Close()
+		dec = zr
+	default:
+		dec = br
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return fmt.Errorf("blob cache: %w", err)
+	}
+	f, err := os.CreateTemp(filepath.Dir(dst), ".tmp-*")
+	if err != nil {
+		return fmt.Errorf("blob cache: %w", err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	uh := sha256.New()
+	n, err := io.Copy(io.MultiWriter(f, uh), io.LimitReader(dec, maxSize+1))
+	if err != nil {
+		return fmt.Errorf("decompress: %w", err)
+	}
+	if n > maxSize {
+		return invalidf("uncompressed layer larger than %d bytes", maxSize)
+	}
+	// Hash what the decompressor left unread (trailing padding) too.
+	if _, err := io.Copy(io.Discard, br); err != nil {
+		return fmt.Errorf("read layer: %w", err)
+	}
+	if l.digest != "" {
+		if got := "sha256:" + hex.EncodeToString(zh.Sum(nil)); got != l.digest {
+			return invalidf("layer blob digest %s does not match %s", got, l.digest)
+		}
+	}
+	if got := "sha256:" + hex.EncodeToString(uh.Sum(nil)); got != l.diffID {
+		return invalidf("uncompressed layer digest %s does not match diffID %s", got, l.diffID)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("blob cache: %w", err)
+	}
+	if err := os.Rename(f.Name(), dst); err != nil {
+		return fmt.Errorf("blob cache: %w", err)
+	}
+	return nil
+}
+
+// bufferedSeeker is a read buffer that still answers Seek, so archive/tar
+// can report data offsets and skip file data without a syscall per header.
+type bufferedSeeker struct {
+	f    io.ReadSeeker
+	buf  []byte
+	r, w int
+	pos  int64 // file offset of buf[w]
+}
+
+func newBufferedSeeker(f io.ReadSeeker) *bufferedSeeker {
+	return &bufferedSeeker{f: f, buf: make([]byte, 256<<10)}
+}
+
+func (b *bufferedSeeker) Read(p []byte) (int, error) {
+	if b.r == b.w {
+		if len(p) >= len(b.buf) {
+			n, err := b.f.Read(p)
+			b.pos += int64(n)
+			return n, err
+		}
+		n, err := b.f.Read(b.buf)
+		b.r, b.w = 0, n
+		b.pos += int64(n)
+		if n == 0 {
+			return 0, err
+		}
+	}
+	n := copy(p, b.buf[b.r:b.w])
+	b.r += n
+	return n, nil
+}
+
+func (b *bufferedSeeker) Seek(off int64, whence int) (int64, error) {
+	cur := b.pos - int64(b.w-b.r)
+	if whence == io.SeekCurrent {
+		if off >= 0 && off <= int64(b.w-b.r) {
+			b.r += int(off)
+			return cur + off, nil
+		}
+		off, whence = cur+off, io.SeekStart
+	}
+	if whence != io.SeekStart {
+		return 0, errors.New("bufferedSeeker: unsupported whence")
+	}
+	if off < 0 {
+		return 0, errors.New("bufferedSeeker: negative offset")
+	}
+	p, err := b.f.Seek(off, io.SeekStart)
+	if err != nil {
+		return 0, err
+	}
+	b.pos, b.r, b.w = p, 0, 0
+	return p, nil
+}

@@ -1,0 +1,150 @@
+package index
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// HostOpener reads sources from this host: SourceDir files beneath their
+// layer directory without following any symlink, SourceBlob content from
+// the blob cache that FromOCI fills. The returned readers are *os.File;
+// close them.
+type HostOpener struct {
+	// CacheDir is the Options.CacheDir the index was built with; it is only
+	// needed for SourceBlob.
+	CacheDir string
+}
+
+var _ Opener = HostOpener{}
+
+// Open implements Opener.
+func (o HostOpener) Open(src Source, path string) (io.ReaderAt, error) {
+	switch src.Kind {
+	case SourceDir:
+		if err := checkPath(path); err != nil || path == "." {
+			return nil, fmt.Errorf("open %q in %s: %w", trunc(path), src.ID, invalidf("bad path"))
+		}
+		if !filepath.IsAbs(src.ID) {
+			return nil, fmt.Errorf("open source %q: %w", src.ID, invalidf("directory source is not an absolute path"))
+		}
+		dfd, err := unix.Open(src.ID, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open source %s: %w", src.ID, err)
+		}
+		defer unix.Close(dfd)
+		f, err := openBeneath(dfd, path)
+		if err != nil {
+			return nil, fmt.Errorf("open %q in %s: %w", trunc(path), src.ID, err)
+		}
+		if err := checkRegular(f); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("open %q in %s: %w", trunc(path), src.ID, err)
+		}
+		return f, nil
+	case SourceBlob:
+		if path != "" {
+			return nil, fmt.Errorf("open blob %s: %w", src.ID, invalidf("path %q given for a blob", trunc(path)))
+		}
+		if o.CacheDir == "" {
+			return nil, fmt.Errorf("open blob %s: %w", src.ID, invalidf("no cache directory"))
+		}
+		p, err := BlobPath(o.CacheDir, src.ID)
+		if err != nil {
+			return nil, err
+		}
+		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NOATIME, 0)
+		if err == unix.EPERM {
+			fd, err = unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("open blob %s: %w", src.ID, err)
+		}
+		f := os.NewFile(uintptr(fd), p)
+		if err := checkRegular(f); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("open blob %s: %w", src.ID, err)
+		}
+		return f, nil
+	}
+	return nil, fmt.Errorf("open source %q: %w", src.ID, invalidf("unknown source kind %d", src.Kind))
+}
+
+func checkRegular(f *os.File) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return invalidf("not a regular file")
+	}
+	return nil
+}
+
+// openBeneath opens the relative path name read-only beneath dirfd with
+// openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS); on kernels without openat2
+// it walks component by component with O_NOFOLLOW instead.
+func openBeneath(dirfd int, name string) (*os.File, error) {
+	how := unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	}
+	// Serving reads must not dirty host inodes with atime updates;
+	// O_NOATIME needs ownership or CAP_FOWNER, so drop it when refused.
+	how.Flags |= unix.O_NOATIME
+	for {
+		fd, err := unix.Openat2(dirfd, name, &how)
+		if err == nil {
+			return os.NewFile(uintptr(fd), name), nil
+		}
+		switch {
+		case err == unix.EINTR || err == unix.EAGAIN:
+			continue
+		case err == unix.EPERM && how.Flags&unix.O_NOATIME != 0:
+			how.Flags &^= unix.O_NOATIME
+			continue
+		case errors.Is(err, unix.ENOSYS):
+			return openWalk(dirfd, name)
+		}
+		return nil, err
+	}
+}
+
+// openWalk is openBeneath without openat2.
+func openWalk(dirfd int, name string) (*os.File, error) {
+	if strings.HasPrefix(name, "/") {
+		return nil, invalidf("absolute path")
+	}
+	parts := strings.Split(name, "/")
+	cur := dirfd
+	defer func() {
+		if cur != dirfd {
+			unix.Close(cur)
+		}
+	}()
+	for i, c := range parts {
+		if c == "" || c == "." || c == ".." {
+			return nil, invalidf("bad path component %q", c)
+		}
+		flags := unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW
+		if i < len(parts)-1 {
+			flags |= unix.O_DIRECTORY
+		}
+		fd, err := unix.Openat(cur, c, flags, 0)
+		if err != nil {
+			return nil, err
+		}
+		if cur != dirfd {
+			unix.Close(cur)
+		}
+		cur = fd
+	}
+	f := os.NewFile(uintptr(cur), name)
+	cur = dirfd
+	return f, nil
+}
