@@ -16,6 +16,7 @@ const usage = `usage: kata-fsx COMMAND [options]
 Commands:
   env      print the effective configuration and host facts (like kata-runtime env)
   check    check this host can run kata-fsx pods; non-zero exit on any failure
+  image    build, inspect and export imagefs-blk images (see kata-fsx image help)
   run      boot a one-off pod VM and run a command in it (see kata-fsx run -h)
   version  print the version
 
@@ -33,6 +34,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runEnv(ctx, args[1:], stdout, stderr)
 	case "check":
 		return runCheck(ctx, args[1:], stdout, stderr)
+	case "image":
+		return runImage(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "kata-fsx %s\n", Version)
 		return 0

@@ -8,7 +8,7 @@ status=0
 for pkg in $(go list ./...); do
 	for target in $(go test -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' || true); do
 		echo "==> fuzz $pkg $target ($FUZZTIME)"
-		if ! go test -run '^$' -fuzz "^${target}\$" -fuzztime "$FUZZTIME" "$pkg"; then
+		if ! go test -run '^$' -fuzz "^${target}\$" -fuzztime "$FUZZTIME" -fuzzminimizetime 5s "$pkg"; then
 			status=1
 		fi
 	done

@@ -1,0 +1,173 @@
+package ext4
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/kata-fsx/kata-fsx/blk/blockmap"
+	"github.com/kata-fsx/kata-fsx/blk/index"
+)
+
+// maxOpenSources bounds the content files a Disk keeps open.
+const maxOpenSources = 256
+
+// Disk serves the raw bytes of an image: metadata blocks from the metadata
+// file, data blocks through an index.Opener, zeros elsewhere. It is safe
+// for concurrent use; the block device reads through it.
+type Disk struct {
+	img    *Image
+	opener index.Opener
+	size   int64
+
+	mu     sync.Mutex
+	open   map[sourceKey]*openSource
+	order  []sourceKey // insertion order, for eviction
+	closed bool
+}
+
+type sourceKey struct {
+	src  uint32
+	path string
+}
+
+// openSource is a cached reader; it is closed when evicted and unused.
+type openSource struct {
+	r       io.ReaderAt
+	refs    int
+	evicted bool
+}
+
+// ErrShortSource reports a content source with fewer bytes than the index
+// promised, so the image can no longer be served faithfully.
+var ErrShortSource = errors.New("ext4: content source shorter than indexed")
+
+// NewDisk returns a reader over img's raw filesystem.
+func NewDisk(img *Image, opener index.Opener) *Disk {
+	bs := int64(img.Map.BlockSize())
+	return &Disk{img: img, opener: opener, size: int64(img.Map.Blocks()) * bs, open: make(map[sourceKey]*openSource)}
+}
+
+// Size is the size of the disk in bytes.
+func (d *Disk) Size() int64 { return d.size }
+
+// ReadAt reads the disk's bytes at off.
+func (d *Disk) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("ext4: negative offset %d", off)
+	}
+	bs := int64(d.img.Map.BlockSize())
+	done := 0
+	for done < len(p) {
+		pos := off + int64(done)
+		if pos >= d.size {
+			return done, io.EOF
+		}
+		kind, loc, ext := d.img.Map.Lookup(uint64(pos / bs))
+		start := int64(ext.First) * bs
+		n := min(int64(len(p)-done), int64(ext.First+ext.Count)*bs-pos)
+		buf := p[done : done+int(n)]
+		if err := d.readExtent(kind, loc, ext, pos-start, buf); err != nil {
+			return done, err
+		}
+		done += int(n)
+	}
+	return done, nil
+}
+
+// readExtent fills buf with the bytes at rel within extent ext.
+func (d *Disk) readExtent(kind blockmap.Kind, loc blockmap.Location, ext blockmap.Extent, rel int64, buf []byte) error {
+	valid := int64(0)
+	if kind == blockmap.Meta || kind == blockmap.Data {
+		valid = max(0, min(int64(len(buf)), int64(ext.Bytes)-rel))
+	}
+	clear(buf[valid:])
+	if valid == 0 {
+		return nil
+	}
+	var r io.ReaderAt
+	if kind == blockmap.Meta {
+		r = d.img.meta
+	} else {
+		src, err := d.acquire(sourceKey{loc.Source, loc.Path})
+		if err != nil {
+			return err
+		}
+		defer d.release(src)
+		r = src.r
+	}
+	n, err := r.ReadAt(buf[:valid], loc.Offset+rel)
+	if int64(n) == valid {
+		return nil
+	}
+	if err == nil || errors.Is(err, io.EOF) {
+		return fmt.Errorf("%w: %s at %d: got %d of %d bytes", ErrShortSource, loc.Path, loc.Offset+rel, n, valid)
+	}
+	return fmt.Errorf("ext4: read %s: %w", loc.Path, err)
+}
+
+func (d *Disk) acquire(k sourceKey) (*openSource, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, errors.New("ext4: disk closed")
+	}
+	if s := d.open[k]; s != nil {
+		s.refs++
+		return s, nil
+	}
+	srcs := d.img.Manifest.Sources
+	if int(k.src) >= len(srcs) {
+		return nil, fmt.Errorf("ext4: block map names source %d of %d", k.src, len(srcs))
+	}
+	r, err := d.opener.Open(srcs[k.src], k.path)
+	if err != nil {
+		return nil, fmt.Errorf("ext4: open %s: %w", k.path, err)
+	}
+	s := &openSource{r: r, refs: 1}
+	d.open[k] = s
+	d.order = append(d.order, k)
+	for len(d.order) > maxOpenSources {
+		old := d.order[0]
+		d.order = d.order[1:]
+		o := d.open[old]
+		delete(d.open, old)
+		o.evicted = true
+		if o.refs == 0 {
+			closeReader(o.r)
+		}
+	}
+	return s, nil
+}
+
+func (d *Disk) release(s *openSource) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s.refs--
+	if s.refs == 0 && s.evicted {
+		closeReader(s.r)
+	}
+}
+
+// Close closes the content files the disk opened.
+func (d *Disk) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closed = true
+	for _, s := range d.open {
+		s.evicted = true
+		if s.refs == 0 {
+			closeReader(s.r)
+		}
+	}
+	clear(d.open)
+	d.order = nil
+	return nil
+}
+
+func closeReader(r io.ReaderAt) {
+	if c, ok := r.(io.Closer); ok {
+		c.Close()
+	}
+}

@@ -1,0 +1,237 @@
+package ext4
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/kata-fsx/kata-fsx/blk/blockmap"
+	"github.com/kata-fsx/kata-fsx/blk/index"
+)
+
+// Files of a persisted image directory.
+const (
+	MetaFile     = "meta.bin"
+	MapFile      = "blockmap.bin"
+	ManifestFile = "manifest.json"
+	formatV1     = 1
+)
+
+// Manifest describes a built image; it is written beside the metadata.
+type Manifest struct {
+	Format     int            `json:"format"`
+	BlockSize  uint32         `json:"block_size"`
+	Blocks     uint64         `json:"blocks"`
+	SizeBytes  uint64         `json:"size_bytes"`
+	Inodes     uint64         `json:"inodes"`
+	UsedInodes uint64         `json:"used_inodes"`
+	Groups     uint64         `json:"groups"`
+	UUID       string         `json:"uuid"`
+	Features   []string       `json:"features"`
+	BuildTime  int64          `json:"build_time"` // filesystem timestamp (Options.Time), Unix seconds
+	MetaBytes  uint64         `json:"meta_bytes"` // stored metadata
+	DataBytes  uint64         `json:"data_bytes"` // bytes mapped to content sources
+	Journal    uint64         `json:"journal_bytes"`
+	Extents    int            `json:"map_extents"`
+	Counts     map[string]int `json:"counts"` // index entries by type
+	// Sources is the index's source table: Data extents' Source ids point
+	// into it.
+	Sources []index.Source `json:"sources"`
+}
+
+// Image is a synthesized filesystem: stored metadata blocks plus the block
+// map that says where every block's bytes come from.
+type Image struct {
+	Manifest Manifest
+	Map      *blockmap.Map
+	meta     io.ReaderAt
+	metaSize int64
+	closer   io.Closer
+}
+
+// Meta gives access to the metadata file; Meta extents' offsets point into it.
+func (img *Image) Meta() io.ReaderAt { return img.meta }
+
+// MetaSize is the size of the metadata file in bytes.
+func (img *Image) MetaSize() int64 { return img.metaSize }
+
+// Close releases the metadata file of an image loaded by Open.
+func (img *Image) Close() error {
+	if img.closer != nil {
+		return img.closer.Close()
+	}
+	return nil
+}
+
+func (b *builder) image() (*Image, error) {
+	m, err := b.blockMap()
+	if err != nil {
+		return nil, err
+	}
+	var dataBytes uint64
+	for _, e := range b.dataExts {
+		dataBytes += e.Bytes
+	}
+	used := uint64(len(b.nodes)) + 9 // nodes plus reserved inodes 1..10 but root
+	if b.journal >= 0 {
+		used--
+	}
+	u := b.uuid
+	now, _ := b.now()
+	mf := Manifest{
+		Format: formatV1, BlockSize: uint32(b.bs), Blocks: b.blocks, SizeBytes: b.blocks * b.bs,
+		Inodes: b.ipg * b.ngroups, UsedInodes: used, Groups: b.ngroups,
+		UUID:      fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16]),
+		Features:  []string{"ext_attr", "dir_index", "filetype", "extent", "64bit", "flex_bg", "sparse_super", "large_file", "huge_file", "dir_nlink", "extra_isize", "metadata_csum"},
+		BuildTime: now, MetaBytes: uint64(len(b.meta)), DataBytes: dataBytes,
+		Extents: m.Len(), Counts: b.counts, Sources: b.idx.Sources,
+	}
+	if b.journal >= 0 {
+		mf.Features = append([]string{"has_journal"}, mf.Features...)
+		mf.Journal = b.nodes[b.journal].dataBlks * b.bs
+	}
+	return &Image{Manifest: mf, Map: m, meta: bytes.NewReader(b.meta), metaSize: int64(len(b.meta))}, nil
+}
+
+// WriteTo persists the image into dir (created if missing): the metadata
+// file, the encoded block map and the manifest. Each file is replaced
+// atomically, so rewriting the directory an image was opened from is safe.
+func (img *Image) WriteTo(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("ext4: image dir: %w", err)
+	}
+	err := writeAtomic(filepath.Join(dir, MetaFile), func(w io.Writer) error {
+		_, err := io.Copy(w, io.NewSectionReader(img.meta, 0, img.metaSize))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("ext4: write metadata: %w", err)
+	}
+	enc, err := img.Map.MarshalBinary()
+	if err != nil {
+		return fmt.Errorf("ext4: encode block map: %w", err)
+	}
+	if err := writeAtomic(filepath.Join(dir, MapFile), func(w io.Writer) error { _, err := w.Write(enc); return err }); err != nil {
+		return fmt.Errorf("ext4: write block map: %w", err)
+	}
+	js, err := json.MarshalIndent(img.Manifest, "", "  ")
+	if err != nil {
+		return fmt.Errorf("ext4: encode manifest: %w", err)
+	}
+	js = append(js, '\n')
+	if err := writeAtomic(filepath.Join(dir, ManifestFile), func(w io.Writer) error { _, err := w.Write(js); return err }); err != nil {
+		return fmt.Errorf("ext4: write manifest: %w", err)
+	}
+	return nil
+}
+
+// writeAtomic writes p through a temporary file renamed into place.
+func writeAtomic(p string, fill func(io.Writer) error) error {
+	f, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	err = fill(f)
+	if err == nil {
+		err = f.Chmod(0o644)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), p)
+}
+
+// Open loads an image persisted by WriteTo; the metadata stays on disk and
+// is read on demand. Close releases it.
+func Open(dir string) (*Image, error) {
+	js, err := os.ReadFile(filepath.Join(dir, ManifestFile))
+	if err != nil {
+		return nil, fmt.Errorf("ext4: open image: %w", err)
+	}
+	var mf Manifest
+	if err := json.Unmarshal(js, &mf); err != nil {
+		return nil, fmt.Errorf("ext4: manifest: %w", err)
+	}
+	if mf.Format != formatV1 {
+		return nil, fmt.Errorf("ext4: manifest format %d not supported", mf.Format)
+	}
+	enc, err := os.ReadFile(filepath.Join(dir, MapFile))
+	if err != nil {
+		return nil, fmt.Errorf("ext4: open image: %w", err)
+	}
+	m, err := blockmap.Decode(enc)
+	if err != nil {
+		return nil, fmt.Errorf("ext4: block map: %w", err)
+	}
+	if m.BlockSize() != mf.BlockSize || m.Blocks() != mf.Blocks {
+		return nil, fmt.Errorf("ext4: block map geometry %d x %d disagrees with manifest %d x %d",
+			m.Blocks(), m.BlockSize(), mf.Blocks, mf.BlockSize)
+	}
+	f, err := os.Open(filepath.Join(dir, MetaFile))
+	if err != nil {
+		return nil, fmt.Errorf("ext4: open image: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("ext4: open image: %w", err)
+	}
+	for i := 0; i < m.Len(); i++ {
+		e := m.At(i)
+		if e.Kind == blockmap.Meta && uint64(e.Loc.Offset)+e.Bytes > uint64(st.Size()) {
+			f.Close()
+			return nil, fmt.Errorf("ext4: block map points past the %d-byte metadata file", st.Size())
+		}
+		if e.Kind == blockmap.Data && int(e.Loc.Source) >= len(mf.Sources) {
+			f.Close()
+			return nil, fmt.Errorf("ext4: block map names source %d of %d", e.Loc.Source, len(mf.Sources))
+		}
+	}
+	return &Image{Manifest: mf, Map: m, meta: f, metaSize: st.Size(), closer: f}, nil
+}
+
+// Export writes the whole raw filesystem to out: metadata, file data read
+// through opener, free and zero blocks left as holes.
+func Export(ctx context.Context, img *Image, opener index.Opener, out *os.File) error {
+	m := img.Map
+	bs := uint64(m.BlockSize())
+	if err := out.Truncate(int64(m.Blocks() * bs)); err != nil {
+		return fmt.Errorf("ext4: export: %w", err)
+	}
+	d := NewDisk(img, opener)
+	defer d.Close()
+	buf := make([]byte, 1<<20)
+	for i := 0; i < m.Len(); i++ {
+		if i%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("ext4: export: %w", err)
+			}
+		}
+		e := m.At(i)
+		if e.Kind != blockmap.Meta && e.Kind != blockmap.Data {
+			continue
+		}
+		// Only the bytes that hold something; the zero tail of a last
+		// block stays a hole like the free space.
+		start := e.First * bs
+		for done := uint64(0); done < e.Bytes; {
+			n := min(uint64(len(buf)), e.Bytes-done)
+			if _, err := d.ReadAt(buf[:n], int64(start+done)); err != nil {
+				return fmt.Errorf("ext4: export: %w", err)
+			}
+			if _, err := out.WriteAt(buf[:n], int64(start+done)); err != nil {
+				return fmt.Errorf("ext4: export: %w", err)
+			}
+			done += n
+		}
+	}
+	return nil
+}

@@ -1,0 +1,408 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+
+	"github.com/kata-fsx/kata-fsx/blk/blockmap"
+	"github.com/kata-fsx/kata-fsx/blk/ext4"
+	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/config"
+)
+
+const imageUsage = `usage: kata-fsx image COMMAND
+
+  build SOURCE -o DIR [--writable-size SIZE] [--journal=false] [--journal-size SIZE] [--cache DIR]
+        SOURCE: dir:PATH | layers:L1:L2:... (lowest first) | oci:PATH[:TAG] | oci-archive:PATH[:TAG]
+  inspect DIR [--json]
+  export DIR --raw OUT
+`
+
+// buildInfoFile records how an image directory was built.
+const buildInfoFile = "build.json"
+
+// BuildInfo is what `image build` records beside the image for `inspect`.
+type BuildInfo struct {
+	Source       string    `json:"source"`
+	Started      time.Time `json:"started"`
+	IndexSeconds float64   `json:"index_seconds"`
+	BuildSeconds float64   `json:"synthesis_seconds"`
+	Entries      int       `json:"entries"`
+}
+
+func runImage(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, imageUsage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "build":
+		err = imageBuild(ctx, args[1:], stdout, stderr)
+	case "inspect":
+		err = imageInspect(args[1:], stdout, stderr)
+	case "export":
+		err = imageExport(ctx, args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, imageUsage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "kata-fsx image: unknown command %q\n\n%s", args[0], imageUsage)
+		return 2
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(stderr, "kata-fsx image %s: %v\n\n%s", args[0], err, imageUsage)
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "kata-fsx image %s: %v\n", args[0], err)
+		return 1
+	}
+	return 0
+}
+
+type usageError struct{ error }
+
+// parseSize reads sizes such as 512M, 2G, 1048576 (bytes).
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	mult := int64(1)
+	if n := len(s); n > 0 {
+		switch strings.ToUpper(s[n-1:]) {
+		case "K":
+			mult, s = 1<<10, s[:n-1]
+		case "M":
+			mult, s = 1<<20, s[:n-1]
+		case "G":
+			mult, s = 1<<30, s[:n-1]
+		case "T":
+			mult, s = 1<<40, s[:n-1]
+		}
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v < 0 || v > (1<<62)/mult {
+		return 0, fmt.Errorf("size %q: want a number of bytes with an optional K, M, G or T suffix", s)
+	}
+	return v * mult, nil
+}
+
+// IndexSource indexes an image source spec (dir:, layers:, oci:, oci-archive:).
+func IndexSource(ctx context.Context, spec, cacheDir string) (*index.Index, error) {
+	kind, rest, ok := strings.Cut(spec, ":")
+	if !ok || rest == "" {
+		return nil, usageError{fmt.Errorf("source %q: want dir:PATH, layers:L1:L2:..., oci:PATH[:TAG] or oci-archive:PATH[:TAG]", spec)}
+	}
+	opts := index.Options{CacheDir: cacheDir}
+	switch kind {
+	case "dir":
+		return index.FromDir(ctx, rest, opts)
+	case "layers":
+		return index.FromLayers(ctx, strings.Split(rest, ":"), opts)
+	case "oci", "oci-archive":
+		path, tag := splitTag(rest)
+		if cacheDir == "" {
+			return nil, fmt.Errorf("source %s: OCI sources need a cache directory (--cache)", spec)
+		}
+		return index.FromOCI(ctx, path, tag, opts)
+	}
+	return nil, usageError{fmt.Errorf("source kind %q: want dir, layers, oci or oci-archive", kind)}
+}
+
+// splitTag splits PATH[:TAG]; a colon inside the last path element starts the tag.
+func splitTag(s string) (path, tag string) {
+	slash := strings.LastIndex(s, "/")
+	if i := strings.LastIndex(s, ":"); i > slash {
+		if _, err := os.Stat(s); err != nil {
+			return s[:i], s[i+1:]
+		}
+	}
+	return s, ""
+}
+
+// defaultCacheDir is the index and blob cache: $KATA_FSX_CACHE, else the
+// configured imagefs-blk state directory's cache/.
+func defaultCacheDir() string {
+	if d := os.Getenv("KATA_FSX_CACHE"); d != "" {
+		return d
+	}
+	if c, err := config.Load("", DevConfig()); err == nil {
+		return filepath.Join(c.KataFSX.ImagefsBlk.StateDir, "cache")
+	}
+	return filepath.Join(config.Default().KataFSX.ImagefsBlk.StateDir, "cache")
+}
+
+func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("image build", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	out := fs.String("o", "", "output image directory")
+	writable := fs.String("writable-size", "1G", "free space added for guest writes (sparse)")
+	journal := fs.Bool("journal", true, "give the filesystem a journal")
+	journalSize := fs.String("journal-size", "16M", "journal size")
+	cache := fs.String("cache", "", "index and blob cache directory (default: $KATA_FSX_CACHE or <imagefs_blk.state_dir>/cache)")
+	quiet := fs.Bool("q", false, "no progress output")
+	// Flags may follow the source, as in the usage line.
+	var positional []string
+	rest := args
+	for len(rest) > 0 {
+		if err := fs.Parse(rest); err != nil {
+			return usageError{err}
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	if len(positional) != 1 || *out == "" {
+		return usageError{errors.New("want exactly one SOURCE and -o DIR")}
+	}
+	ws, err := parseSize(*writable)
+	if err != nil {
+		return usageError{fmt.Errorf("--writable-size: %w", err)}
+	}
+	js, err := parseSize(*journalSize)
+	if err != nil {
+		return usageError{fmt.Errorf("--journal-size: %w", err)}
+	}
+	if *cache == "" {
+		*cache = defaultCacheDir()
+	}
+	progress := newProgress(stderr, *quiet)
+	defer progress.Finish()
+
+	info := BuildInfo{Source: positional[0], Started: time.Now().UTC()}
+	progress.Describe("indexing " + positional[0])
+	t0 := time.Now()
+	idx, err := IndexSource(ctx, positional[0], *cache)
+	if err != nil {
+		return err
+	}
+	info.IndexSeconds = time.Since(t0).Seconds()
+	info.Entries = len(idx.Entries)
+	progress.Describe(fmt.Sprintf("synthesizing ext4 metadata for %d entries", len(idx.Entries)))
+	t1 := time.Now()
+	opts := ext4.Options{WritableSize: ws, JournalSize: js, NoJournal: !*journal}
+	if ws == 0 {
+		opts.WritableSize = -1
+	}
+	img, err := ext4.Build(ctx, idx, opts)
+	if err != nil {
+		return err
+	}
+	defer img.Close()
+	info.BuildSeconds = time.Since(t1).Seconds()
+	progress.Describe("writing " + *out)
+	if err := img.WriteTo(*out); err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(info, "", "  ")
+	if err := os.WriteFile(filepath.Join(*out, buildInfoFile), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	progress.Finish()
+	mf := img.Manifest
+	fmt.Fprintf(stdout, "built %s: %d entries, %s of metadata, %s of data left in place, %s disk (indexed in %.2fs, synthesized in %.2fs)\n",
+		*out, len(idx.Entries), human(mf.MetaBytes), human(mf.DataBytes), human(mf.SizeBytes), info.IndexSeconds, info.BuildSeconds)
+	return nil
+}
+
+// progress shows what long work is doing, on a terminal or a log.
+type progress struct{ bar *progressbar.ProgressBar }
+
+func newProgress(w io.Writer, quiet bool) *progress {
+	if quiet {
+		return &progress{}
+	}
+	return &progress{bar: progressbar.NewOptions(-1,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSpinnerType(14),
+		progressbar.OptionShowElapsedTimeOnFinish(),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionClearOnFinish(),
+		progressbar.OptionThrottle(100*time.Millisecond),
+	)}
+}
+
+func (p *progress) Describe(s string) {
+	if p.bar != nil {
+		p.bar.Describe(s)
+		_ = p.bar.RenderBlank()
+	}
+}
+
+func (p *progress) Finish() {
+	if p.bar != nil {
+		_ = p.bar.Finish()
+	}
+}
+
+// ImageSummary is `image inspect --json`.
+type ImageSummary struct {
+	Dir               string         `json:"dir"`
+	BlockSize         uint32         `json:"block_size"`
+	SizeBytes         uint64         `json:"size_bytes"`
+	MetadataBytes     uint64         `json:"metadata_bytes"`
+	DataBytes         uint64         `json:"data_bytes"`
+	FreeBytes         uint64         `json:"free_bytes"`
+	JournalBytes      uint64         `json:"journal_bytes"`
+	Inodes            uint64         `json:"inodes"`
+	UsedInodes        uint64         `json:"used_inodes"`
+	Entries           map[string]int `json:"entries_by_type"`
+	Features          []string       `json:"features"`
+	MapExtents        int            `json:"map_extents"`
+	Sources           int            `json:"sources"`
+	Build             *BuildInfo     `json:"build,omitempty"`
+	MetadataPctOfData float64        `json:"metadata_pct_of_data"`
+}
+
+func imageInspect(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("image inspect", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print JSON")
+	dir, err := parseDirArg(fs, args)
+	if err != nil {
+		return err
+	}
+	img, err := ext4.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer img.Close()
+	mf := img.Manifest
+	s := ImageSummary{Dir: dir, BlockSize: mf.BlockSize, SizeBytes: mf.SizeBytes, MetadataBytes: mf.MetaBytes,
+		DataBytes: mf.DataBytes, JournalBytes: mf.Journal, Inodes: mf.Inodes, UsedInodes: mf.UsedInodes,
+		Entries: mf.Counts, Features: mf.Features, MapExtents: mf.Extents, Sources: len(mf.Sources)}
+	s.FreeBytes = freeBytes(img)
+	if mf.DataBytes > 0 {
+		s.MetadataPctOfData = 100 * float64(mf.MetaBytes) / float64(mf.DataBytes)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, buildInfoFile)); err == nil {
+		var bi BuildInfo
+		if json.Unmarshal(b, &bi) == nil {
+			s.Build = &bi
+		}
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(s)
+	}
+	fmt.Fprintf(stdout, "image      %s\n", dir)
+	if s.Build != nil {
+		fmt.Fprintf(stdout, "source     %s\nbuilt      %s (index %.2fs, synthesis %.2fs)\n", s.Build.Source, s.Build.Started.Format(time.RFC3339), s.Build.IndexSeconds, s.Build.BuildSeconds)
+	}
+	fmt.Fprintf(stdout, "disk       %s (%d blocks of %d bytes)\n", human(s.SizeBytes), mf.Blocks, s.BlockSize)
+	fmt.Fprintf(stdout, "metadata   %s (%.2f%% of data)\n", human(s.MetadataBytes), s.MetadataPctOfData)
+	fmt.Fprintf(stdout, "data       %s, left in place in %d source(s)\n", human(s.DataBytes), s.Sources)
+	fmt.Fprintf(stdout, "journal    %s\n", human(s.JournalBytes))
+	fmt.Fprintf(stdout, "free       %s\n", human(s.FreeBytes))
+	fmt.Fprintf(stdout, "inodes     %d used of %d\n", s.UsedInodes, s.Inodes)
+	var kinds []string
+	for k := range s.Entries {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	for _, k := range kinds {
+		fmt.Fprintf(stdout, "  %-9s %d\n", k, s.Entries[k])
+	}
+	fmt.Fprintf(stdout, "features   %s\n", strings.Join(s.Features, " "))
+	return nil
+}
+
+// freeBytes counts the blocks no extent claims (the map lists only used
+// ranges) plus any listed as free.
+func freeBytes(img *ext4.Image) uint64 {
+	used := uint64(0)
+	for i := 0; i < img.Map.Len(); i++ {
+		if e := img.Map.At(i); e.Kind != blockmap.Free {
+			used += e.Count
+		}
+	}
+	return (img.Map.Blocks() - used) * uint64(img.Map.BlockSize())
+}
+
+func parseDirArg(fs *flag.FlagSet, args []string) (string, error) {
+	var dir string
+	rest := args
+	for {
+		if err := fs.Parse(rest); err != nil {
+			return "", usageError{err}
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		if dir != "" {
+			return "", usageError{errors.New("want exactly one DIR")}
+		}
+		dir, rest = fs.Arg(0), fs.Args()[1:]
+	}
+	if dir == "" {
+		return "", usageError{errors.New("want an image DIR")}
+	}
+	return dir, nil
+}
+
+func imageExport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("image export", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	raw := fs.String("raw", "", "write the full raw ext4 filesystem to this file")
+	cache := fs.String("cache", "", "blob cache the image was built with (default as for build)")
+	dir, err := parseDirArg(fs, args)
+	if err != nil {
+		return err
+	}
+	if *raw == "" {
+		return usageError{errors.New("--raw OUT is required")}
+	}
+	if *cache == "" {
+		*cache = defaultCacheDir()
+	}
+	img, err := ext4.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer img.Close()
+	f, err := os.OpenFile(*raw, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	p := newProgress(stderr, false)
+	p.Describe(fmt.Sprintf("exporting %s of filesystem to %s", human(img.Manifest.SizeBytes), *raw))
+	err = ext4.Export(ctx, img, &index.HostOpener{CacheDir: *cache}, f)
+	p.Finish()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(*raw)
+		return err
+	}
+	fmt.Fprintf(stdout, "exported %s to %s\n", dir, *raw)
+	return nil
+}
+
+func human(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
