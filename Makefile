@@ -18,7 +18,7 @@ STATEDIR   ?= /var/lib/kata-fsx/imagefs-blk
 LDFLAGS    := -X github.com/kata-fsx/kata-fsx/cli.Version=$(VERSION)
 BINARIES   := kata-fsx
 
-.PHONY: all build test lint fuzz install clean guest
+.PHONY: all build test lint fuzz install clean guest bench bench-image
 
 all: build
 
@@ -59,6 +59,13 @@ install: build
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)/etc/kata-containers
 	install -m 0755 $(addprefix bin/,$(BINARIES)) $(DESTDIR)$(PREFIX)/bin/
 	install -m 0644 $(BUILD)/configuration.toml $(DESTDIR)/etc/kata-containers/configuration.toml
+
+# Benchmarks write their tables into docs/benchmarks.md and raw numbers
+# into docs/bench/*.json.
+bench: bench-image
+
+bench-image:
+	$(GO) run ./test/bench/imagebench -reps 5
 
 # The test guest kit: kernel, initramfs and test agent, from Debian packages.
 # build.sh skips the work when its inputs are unchanged.
