@@ -8,6 +8,7 @@ require (
 	github.com/containerd/ttrpc v1.2.10
 	github.com/klauspost/compress v1.20.4
 	github.com/opencontainers/runtime-spec v1.3.0
+	github.com/schollz/progressbar/v3 v3.19.1
 	golang.org/x/sys v0.50.0
 	google.golang.org/grpc v1.81.1
 	google.golang.org/protobuf v1.36.12
@@ -16,7 +17,6 @@ require (
 require (
 	github.com/mitchellh/colorstring v0.0.0-20190213212951-d06e56a500db // indirect
 	github.com/rivo/uniseg v0.4.7 // indirect
-	github.com/schollz/progressbar/v3 v3.19.1 // indirect
 	github.com/sirupsen/logrus v1.10.2 // indirect
 	golang.org/x/term v0.44.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260226221140-a57be14db171 // indirect

@@ -1,0 +1,733 @@
+// Package overlay provides a copy-on-write block device: reads of blocks the
+// guest never wrote come from a read-only base, writes land in a per-disk
+// sparse overlay file (same offsets as the disk) and set bits in a dirty
+// bitmap persisted beside it.
+//
+// Durability contract: after Flush returns, every write, discard and
+// write-zeroes that completed before Flush was called survives a kill -9 of
+// the process and a reopen of the same overlay. A block's dirty bit reaches
+// the bitmap file only after its data has been fdatasync'ed.
+package overlay
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math/bits"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultBlockSize is the copy-on-write granularity used when Options.BlockSize is zero.
+const DefaultBlockSize = 4096
+
+// bitmapSuffix names the bitmap file beside the overlay file.
+const bitmapSuffix = ".dirty"
+
+// lockStripes is the number of striped block locks; a power of two.
+const lockStripes = 256
+
+// pageWords is how many bitmap words are tracked (and rewritten) as one unit on Flush.
+const pageWords = 512
+
+// ErrReadOnly reports a write to a device opened read-only.
+var ErrReadOnly = errors.New("overlay: device is read-only")
+
+// ErrOutOfRange reports an access beyond the end of the disk or at a negative offset.
+var ErrOutOfRange = errors.New("overlay: access out of range")
+
+// ErrClosed reports use of a closed device.
+var ErrClosed = errors.New("overlay: device is closed")
+
+// Options tune Open.
+type Options struct {
+	// BlockSize is the copy-on-write granularity in bytes (power of two,
+	// 512..1 MiB); 0 means DefaultBlockSize.
+	BlockSize int
+	// ReadOnly refuses writes; with an empty overlay path the device serves the base alone.
+	ReadOnly bool
+	// Serial is the device identifier reported by ID (virtio-blk GET_ID, at most 20 bytes used).
+	Serial string
+}
+
+// Range is a run of consecutive blocks.
+type Range struct {
+	// Start is the first block number.
+	Start uint64
+	// Count is the number of blocks.
+	Count uint64
+}
+
+// Device is a copy-on-write block device over a base image; safe for concurrent use.
+type Device struct {
+	base      io.ReaderAt
+	size      int64
+	blockSize int64
+	shift     uint
+	nblocks   uint64
+	readOnly  bool
+	serial    string
+
+	ov *os.File // overlay data; nil when serving the base alone
+	bm *os.File // bitmap file; nil when read-only
+
+	words   []atomic.Uint64 // dirty bits
+	changed []atomic.Bool   // per bitmap page: bits set since the last Flush
+	written atomic.Bool     // overlay data written since the last Flush
+
+	locks   [lockStripes]sync.Mutex
+	scratch sync.Pool // *[]byte of blockSize, for read-modify-write
+	flushMu sync.Mutex
+	closed  atomic.Bool
+}
+
+// Open opens (or creates) the overlay for a disk of size bytes whose unwritten
+// blocks read from base. overlayPath's bitmap lives at overlayPath+".dirty";
+// an existing pair made for another size or block size is refused with ErrMismatch.
+func Open(base io.ReaderAt, size int64, overlayPath string, opts Options) (*Device, error) {
+	bs := opts.BlockSize
+	if bs == 0 {
+		bs = DefaultBlockSize
+	}
+	if bs < 0 || bs > maxBlockSize || size < 0 {
+		return nil, fmt.Errorf("overlay: invalid geometry: size %d, block size %d", size, bs)
+	}
+	h, err := newHeader(uint64(size), uint32(bs))
+	if err != nil {
+		return nil, fmt.Errorf("overlay: %w", err)
+	}
+	if base == nil {
+		return nil, errors.New("overlay: nil base")
+	}
+	d := &Device{
+		base:      base,
+		size:      size,
+		blockSize: int64(bs),
+		shift:     uint(bits.TrailingZeros(uint(bs))),
+		nblocks:   (uint64(size) + uint64(bs) - 1) / uint64(bs),
+		readOnly:  opts.ReadOnly,
+		serial:    opts.Serial,
+	}
+	nwords := h.bitmapLen / 8
+	d.words = make([]atomic.Uint64, nwords)
+	d.changed = make([]atomic.Bool, (nwords+pageWords-1)/pageWords)
+	d.scratch.New = func() any { b := make([]byte, bs); return &b }
+
+	if overlayPath == "" {
+		if !opts.ReadOnly {
+			return nil, errors.New("overlay: an overlay path is required unless read-only")
+		}
+		return d, nil
+	}
+	if err := d.openFiles(overlayPath, h); err != nil {
+		d.closeFiles()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Device) openFiles(path string, h header) error {
+	bmPath := path + bitmapSuffix
+	if d.readOnly {
+		ov, err := os.Open(path)
+		if err != nil {
+			return fmt.Errorf("overlay: open overlay read-only: %w", err)
+		}
+		d.ov = ov
+		bm, err := os.Open(bmPath)
+		if err != nil {
+			return fmt.Errorf("overlay: open bitmap read-only: %w", err)
+		}
+		defer bm.Close()
+		return d.loadBitmap(bm, h)
+	}
+
+	ov, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("overlay: open overlay: %w", err)
+	}
+	d.ov = ov
+	bm, err := os.OpenFile(bmPath, os.O_RDWR, 0)
+	switch {
+	case err == nil:
+		d.bm = bm
+		if err := d.loadBitmap(bm, h); err != nil {
+			return err
+		}
+		st, err := ov.Stat()
+		if err != nil {
+			return fmt.Errorf("overlay: stat overlay: %w", err)
+		}
+		if st.Size() != d.size {
+			return fmt.Errorf("%w: overlay file is %d bytes, disk is %d", ErrMismatch, st.Size(), d.size)
+		}
+		return nil
+	case errors.Is(err, os.ErrNotExist):
+		// No bitmap: whatever the overlay holds was never acknowledged by a
+		// Flush, so start from a clean slate.
+		return d.create(path, bmPath, h)
+	default:
+		return fmt.Errorf("overlay: open bitmap: %w", err)
+	}
+}
+
+// create makes a fresh overlay + bitmap. The bitmap appears under its final
+// name only once complete, so a crash leaves either no bitmap or a valid one.
+func (d *Device) create(path, bmPath string, h header) error {
+	if err := d.ov.Truncate(0); err != nil {
+		return fmt.Errorf("overlay: truncate overlay: %w", err)
+	}
+	if err := d.ov.Truncate(d.size); err != nil {
+		return fmt.Errorf("overlay: size overlay: %w", err)
+	}
+	if err := d.ov.Sync(); err != nil {
+		return fmt.Errorf("overlay: sync overlay: %w", err)
+	}
+	tmp := bmPath + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("overlay: create bitmap: %w", err)
+	}
+	var hb [headerLen]byte
+	h.encode(hb[:])
+	if _, err := f.WriteAt(hb[:], 0); err != nil {
+		f.Close()
+		return fmt.Errorf("overlay: write bitmap header: %w", err)
+	}
+	if err := f.Truncate(int64(h.bitmapOff + h.bitmapLen)); err != nil {
+		f.Close()
+		return fmt.Errorf("overlay: size bitmap: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("overlay: sync bitmap: %w", err)
+	}
+	if err := os.Rename(tmp, bmPath); err != nil {
+		f.Close()
+		return fmt.Errorf("overlay: install bitmap: %w", err)
+	}
+	d.bm = f
+	if dir, err := os.Open(dirOf(bmPath)); err == nil {
+		err = dir.Sync()
+		dir.Close()
+		if err != nil {
+			return fmt.Errorf("overlay: sync overlay directory: %w", err)
+		}
+	}
+	return nil
+}
+
+func dirOf(p string) string {
+	for i := len(p) - 1; i >= 0; i-- {
+		if p[i] == '/' {
+			if i == 0 {
+				return "/"
+			}
+			return p[:i]
+		}
+	}
+	return "."
+}
+
+func (d *Device) loadBitmap(f *os.File, want header) error {
+	var hb [headerLen]byte
+	if _, err := f.ReadAt(hb[:], 0); err != nil {
+		return fmt.Errorf("%w: read header: %w", ErrCorrupt, err)
+	}
+	h, err := decodeHeader(hb[:])
+	if err != nil {
+		return err
+	}
+	if h.diskSize != want.diskSize || h.blockSize != want.blockSize {
+		return fmt.Errorf("%w: bitmap is for %d bytes in %d-byte blocks, disk is %d bytes in %d-byte blocks",
+			ErrMismatch, h.diskSize, h.blockSize, want.diskSize, want.blockSize)
+	}
+	buf := make([]byte, h.bitmapLen)
+	if _, err := f.ReadAt(buf, int64(h.bitmapOff)); err != nil {
+		return fmt.Errorf("%w: read bitmap: %w", ErrCorrupt, err)
+	}
+	if err := decodeBitmap(buf, d.words, d.nblocks); err != nil {
+		return err
+	}
+	return nil
+}
+
+// decodeBitmap fills words from buf, refusing bits past the last block.
+func decodeBitmap(buf []byte, words []atomic.Uint64, nblocks uint64) error {
+	if uint64(len(buf)) != uint64(len(words))*8 {
+		return fmt.Errorf("%w: bitmap is %d bytes, want %d", ErrCorrupt, len(buf), len(words)*8)
+	}
+	for i := range words {
+		words[i].Store(le64(buf[i*8:]))
+	}
+	if rem := nblocks % 64; rem != 0 && len(words) > 0 {
+		if words[len(words)-1].Load()>>rem != 0 {
+			return fmt.Errorf("%w: bits set past the last block", ErrCorrupt)
+		}
+	}
+	return nil
+}
+
+func le64(b []byte) uint64 {
+	_ = b[7]
+	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+}
+
+func put64(b []byte, v uint64) {
+	_ = b[7]
+	for i := range 8 {
+		b[i] = byte(v >> (8 * i))
+	}
+}
+
+// Size returns the disk size in bytes.
+func (d *Device) Size() int64 { return d.size }
+
+// BlockSize returns the copy-on-write block size in bytes.
+func (d *Device) BlockSize() int { return int(d.blockSize) }
+
+// ReadOnly reports whether writes are refused.
+func (d *Device) ReadOnly() bool { return d.readOnly }
+
+// ID returns the device serial given in Options.
+func (d *Device) ID() string { return d.serial }
+
+func (d *Device) dirty(b uint64) bool {
+	return d.words[b/64].Load()&(1<<(b%64)) != 0
+}
+
+// markDirty sets a block's bit after its data reached the overlay file; the
+// page flag is raised after the bit so a concurrent Flush either copies the
+// bit or sees the flag again.
+func (d *Device) markDirty(b uint64) {
+	w := &d.words[b/64]
+	m := uint64(1) << (b % 64)
+	if w.Load()&m == 0 {
+		w.Or(m)
+	}
+	d.changed[b/64/pageWords].Store(true)
+}
+
+func (d *Device) check(off int64, n int, write bool) error {
+	if d.closed.Load() {
+		return ErrClosed
+	}
+	if write && (d.readOnly || d.ov == nil) {
+		return ErrReadOnly
+	}
+	end, carry := bits.Add64(uint64(off), uint64(n), 0)
+	if off < 0 || n < 0 || carry != 0 || end > uint64(d.size) {
+		return fmt.Errorf("%w: offset %d length %d, disk is %d bytes", ErrOutOfRange, off, n, d.size)
+	}
+	return nil
+}
+
+// ReadAt reads len(p) bytes at off: dirty blocks from the overlay, the rest
+// from the base. It does not allocate.
+func (d *Device) ReadAt(p []byte, off int64) (int, error) {
+	if err := d.check(off, len(p), false); err != nil {
+		return 0, err
+	}
+	done := 0
+	for done < len(p) {
+		pos := off + int64(done)
+		b := uint64(pos) >> d.shift
+		dirty := d.ov != nil && d.dirty(b)
+		// Extend the run over following blocks of the same kind.
+		end := int64(b+1) << d.shift
+		for end < off+int64(len(p)) && (d.ov != nil && d.dirty(uint64(end)>>d.shift)) == dirty {
+			end += d.blockSize
+		}
+		n := int(min(end, off+int64(len(p))) - pos)
+		var err error
+		if dirty {
+			err = readFull(d.ov, p[done:done+n], pos)
+		} else {
+			err = readFull(d.base, p[done:done+n], pos)
+		}
+		if err != nil {
+			return done, fmt.Errorf("overlay: read %d bytes at %d (dirty=%t): %w", n, pos, dirty, err)
+		}
+		done += n
+	}
+	return done, nil
+}
+
+func readFull(r io.ReaderAt, p []byte, off int64) error {
+	n, err := r.ReadAt(p, off)
+	if n == len(p) {
+		return nil
+	}
+	if err == nil || err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// lockBlocks locks the stripes of blocks first..last in ascending stripe
+// order, so holders of several stripes never deadlock each other.
+func (d *Device) lockBlocks(first, last uint64) {
+	if last-first+1 >= lockStripes {
+		for i := range d.locks {
+			d.locks[i].Lock()
+		}
+		return
+	}
+	s0, s1 := first%lockStripes, last%lockStripes
+	if s0 <= s1 {
+		for i := s0; i <= s1; i++ {
+			d.locks[i].Lock()
+		}
+		return
+	}
+	for i := uint64(0); i <= s1; i++ {
+		d.locks[i].Lock()
+	}
+	for i := s0; i < lockStripes; i++ {
+		d.locks[i].Lock()
+	}
+}
+
+func (d *Device) unlockBlocks(first, last uint64) {
+	if last-first+1 >= lockStripes {
+		for i := range d.locks {
+			d.locks[i].Unlock()
+		}
+		return
+	}
+	s0, s1 := first%lockStripes, last%lockStripes
+	if s0 <= s1 {
+		for i := s0; i <= s1; i++ {
+			d.locks[i].Unlock()
+		}
+		return
+	}
+	for i := uint64(0); i <= s1; i++ {
+		d.locks[i].Unlock()
+	}
+	for i := s0; i < lockStripes; i++ {
+		d.locks[i].Unlock()
+	}
+}
+
+// blockSpan returns the byte length of block b (the last block may be short).
+func (d *Device) blockSpan(b uint64) int64 {
+	start := int64(b) << d.shift
+	return min(d.blockSize, d.size-start)
+}
+
+// op is what a write-like request does to a byte range.
+type op int
+
+const (
+	opWrite op = iota
+	opDiscard
+	opZero
+)
+
+// WriteAt writes p at off into the overlay, filling partial blocks from below first.
+func (d *Device) WriteAt(p []byte, off int64) (int, error) {
+	if err := d.check(off, len(p), true); err != nil {
+		return 0, err
+	}
+	if err := d.apply(opWrite, p, off, int64(len(p))); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Discard deallocates a byte range: afterwards it reads as zeros (never the base).
+func (d *Device) Discard(off, n int64) error {
+	if n < 0 || n != int64(int(n)) {
+		return fmt.Errorf("%w: length %d", ErrOutOfRange, n)
+	}
+	if err := d.check(off, int(n), true); err != nil {
+		return err
+	}
+	return d.apply(opDiscard, nil, off, n)
+}
+
+// WriteZeroes zeroes a byte range; unmap allows deallocating the overlay space.
+func (d *Device) WriteZeroes(off, n int64, unmap bool) error {
+	if n < 0 || n != int64(int(n)) {
+		return fmt.Errorf("%w: length %d", ErrOutOfRange, n)
+	}
+	if err := d.check(off, int(n), true); err != nil {
+		return err
+	}
+	if unmap {
+		return d.apply(opDiscard, nil, off, n)
+	}
+	return d.apply(opZero, nil, off, n)
+}
+
+// apply splits [off, off+n) into a partial head block, a run of full blocks
+// and a partial tail block.
+func (d *Device) apply(o op, p []byte, off, n int64) error {
+	if n == 0 {
+		return nil
+	}
+	end := off + n
+	for off < end {
+		b := uint64(off) >> d.shift
+		bstart := int64(b) << d.shift
+		span := d.blockSpan(b)
+		if off != bstart || end-off < span {
+			// Partial block: read-modify-write.
+			m := min(end, bstart+span) - off
+			var src []byte
+			if p != nil {
+				src = p[:m]
+				p = p[m:]
+			}
+			if err := d.partial(b, off-bstart, m, src); err != nil {
+				return err
+			}
+			off += m
+			continue
+		}
+		// Run of full blocks.
+		last := b
+		for {
+			next := last + 1
+			nstart := int64(next) << d.shift
+			if next >= d.nblocks || nstart+d.blockSpan(next) > end {
+				break
+			}
+			last = next
+		}
+		runEnd := (int64(last) << d.shift) + d.blockSpan(last)
+		m := runEnd - off
+		var src []byte
+		if p != nil {
+			src = p[:m]
+			p = p[m:]
+		}
+		if err := d.fullRun(o, b, last, off, src); err != nil {
+			return err
+		}
+		off = runEnd
+	}
+	return nil
+}
+
+func (d *Device) fullRun(o op, first, last uint64, off int64, src []byte) error {
+	n := (int64(last) << d.shift) + d.blockSpan(last) - off
+	d.lockBlocks(first, last)
+	defer d.unlockBlocks(first, last)
+	var err error
+	switch o {
+	case opWrite:
+		_, err = d.ov.WriteAt(src, off)
+	case opDiscard:
+		err = d.zeroRange(off, n, true)
+	case opZero:
+		err = d.zeroRange(off, n, false)
+	}
+	if err != nil {
+		return fmt.Errorf("overlay: blocks %d..%d: %w", first, last, err)
+	}
+	d.written.Store(true)
+	for b := first; b <= last; b++ {
+		d.markDirty(b)
+	}
+	return nil
+}
+
+// partial updates [at, at+m) of block b; src nil means zeros.
+func (d *Device) partial(b uint64, at, m int64, src []byte) error {
+	bp := d.scratch.Get().(*[]byte)
+	defer d.scratch.Put(bp)
+	span := d.blockSpan(b)
+	buf := (*bp)[:span]
+	start := int64(b) << d.shift
+
+	d.lockBlocks(b, b)
+	defer d.unlockBlocks(b, b)
+	var err error
+	if d.dirty(b) {
+		err = readFull(d.ov, buf, start)
+	} else {
+		err = readFull(d.base, buf, start)
+	}
+	if err != nil {
+		return fmt.Errorf("overlay: read block %d below a partial write: %w", b, err)
+	}
+	if src != nil {
+		copy(buf[at:at+m], src)
+	} else {
+		clear(buf[at : at+m])
+	}
+	if _, err := d.ov.WriteAt(buf, start); err != nil {
+		return fmt.Errorf("overlay: write block %d: %w", b, err)
+	}
+	d.written.Store(true)
+	d.markDirty(b)
+	return nil
+}
+
+// zeroRange zeroes overlay bytes, preferring to keep (zero) or drop (punch)
+// the allocation, and falling back to what the filesystem supports.
+func (d *Device) zeroRange(off, n int64, punch bool) error {
+	if !punch {
+		err := fallocate(d.ov, unix.FALLOC_FL_ZERO_RANGE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+		if !errors.Is(err, unix.EOPNOTSUPP) {
+			return err
+		}
+	}
+	err := fallocate(d.ov, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+	if !errors.Is(err, unix.EOPNOTSUPP) {
+		return err
+	}
+	bp := d.scratch.Get().(*[]byte)
+	defer d.scratch.Put(bp)
+	zero := *bp
+	clear(zero)
+	for n > 0 {
+		m := min(n, int64(len(zero)))
+		if _, err := d.ov.WriteAt(zero[:m], off); err != nil {
+			return fmt.Errorf("write zeros: %w", err)
+		}
+		off += m
+		n -= m
+	}
+	return nil
+}
+
+func fallocate(f *os.File, mode uint32, off, n int64) error {
+	for {
+		err := unix.Fallocate(int(f.Fd()), mode, off, n)
+		if err != unix.EINTR {
+			if err != nil {
+				return fmt.Errorf("fallocate mode %#x: %w", mode, err)
+			}
+			return nil
+		}
+	}
+}
+
+// Flush makes every completed write durable: first the overlay data, then
+// the bitmap pages that gained bits, each fdatasync'ed in that order.
+func (d *Device) Flush() error {
+	if d.closed.Load() {
+		return ErrClosed
+	}
+	if d.readOnly || d.ov == nil {
+		return nil
+	}
+	d.flushMu.Lock()
+	defer d.flushMu.Unlock()
+	return d.flushLocked()
+}
+
+func (d *Device) flushLocked() error {
+	// Snapshot changed pages before syncing data: any bit copied here belongs
+	// to data already written, which the fdatasync below then covers.
+	var pages []int
+	var bufs [][]byte
+	for i := range d.changed {
+		if !d.changed[i].Swap(false) {
+			continue
+		}
+		lo := i * pageWords
+		hi := min(lo+pageWords, len(d.words))
+		buf := make([]byte, (hi-lo)*8)
+		for w := lo; w < hi; w++ {
+			put64(buf[(w-lo)*8:], d.words[w].Load())
+		}
+		pages = append(pages, i)
+		bufs = append(bufs, buf)
+	}
+	restore := func() {
+		for _, i := range pages {
+			d.changed[i].Store(true)
+		}
+	}
+	if d.written.Swap(false) || len(pages) > 0 {
+		if err := unix.Fdatasync(int(d.ov.Fd())); err != nil {
+			d.written.Store(true)
+			restore()
+			return fmt.Errorf("overlay: fdatasync overlay: %w", err)
+		}
+	}
+	if len(pages) == 0 {
+		return nil
+	}
+	for k, i := range pages {
+		if _, err := d.bm.WriteAt(bufs[k], headerRegion+int64(i)*pageWords*8); err != nil {
+			restore()
+			return fmt.Errorf("overlay: write bitmap: %w", err)
+		}
+	}
+	if err := unix.Fdatasync(int(d.bm.Fd())); err != nil {
+		restore()
+		return fmt.Errorf("overlay: fdatasync bitmap: %w", err)
+	}
+	return nil
+}
+
+// DirtyRanges lists the block ranges the guest changed (written, discarded or zeroed).
+func (d *Device) DirtyRanges() []Range {
+	var out []Range
+	var cur Range
+	in := false
+	for b := uint64(0); b < d.nblocks; {
+		w := d.words[b/64].Load()
+		if w == 0 && b%64 == 0 {
+			if in {
+				out = append(out, cur)
+				in = false
+			}
+			b += 64
+			continue
+		}
+		if w&(1<<(b%64)) != 0 {
+			if !in {
+				cur = Range{Start: b}
+				in = true
+			}
+			cur.Count++
+		} else if in {
+			out = append(out, cur)
+			in = false
+		}
+		b++
+	}
+	if in {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// Close flushes and releases the files; the device is unusable afterwards.
+func (d *Device) Close() error {
+	if d.closed.Swap(true) {
+		return nil
+	}
+	var err error
+	if !d.readOnly && d.ov != nil {
+		d.flushMu.Lock()
+		err = d.flushLocked()
+		d.flushMu.Unlock()
+	}
+	if cerr := d.closeFiles(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func (d *Device) closeFiles() error {
+	var err error
+	for _, f := range []*os.File{d.ov, d.bm} {
+		if f != nil {
+			if cerr := f.Close(); cerr != nil && err == nil {
+				err = fmt.Errorf("overlay: close: %w", cerr)
+			}
+		}
+	}
+	return err
+}

@@ -1,0 +1,301 @@
+package vhostuser
+
+import (
+	"encoding/binary"
+	"math/bits"
+
+	"github.com/kata-fsx/kata-fsx/blk/virtq"
+)
+
+// BlockDevice is the storage behind the virtio-blk device; *overlay.Device satisfies it.
+// Implementations must be safe for concurrent use (one caller per queue).
+type BlockDevice interface {
+	// ReadAt reads len(p) bytes at byte offset off.
+	ReadAt(p []byte, off int64) (int, error)
+	// WriteAt writes p at byte offset off.
+	WriteAt(p []byte, off int64) (int, error)
+	// Flush makes completed writes durable.
+	Flush() error
+	// Discard deallocates a byte range; it reads as zeros afterwards.
+	Discard(off, n int64) error
+	// WriteZeroes zeroes a byte range; unmap allows deallocation.
+	WriteZeroes(off, n int64, unmap bool) error
+	// Size returns the device size in bytes (a multiple of 512).
+	Size() int64
+	// ReadOnly reports whether writes are refused.
+	ReadOnly() bool
+	// ID returns the serial reported by GET_ID (at most 20 bytes are used).
+	ID() string
+}
+
+// virtio-blk request types and status values (virtio 1.2 section 5.2.6).
+const (
+	blkTypeIn          = 0
+	blkTypeOut         = 1
+	blkTypeFlush       = 4
+	blkTypeGetID       = 8
+	blkTypeDiscard     = 11
+	blkTypeWriteZeroes = 13
+
+	blkStatusOK     = 0
+	blkStatusIOErr  = 1
+	blkStatusUnsupp = 2
+
+	blkHeaderSize  = 16
+	blkSegmentSize = 16 // virtio_blk_discard_write_zeroes
+	blkIDBytes     = 20
+	sectorSize     = 512
+
+	blkFlagUnmap = 1
+)
+
+// blkConfig is the device-side configuration of the virtio-blk device.
+type blkConfig struct {
+	capacity          uint64 // 512-byte sectors
+	segMax            uint32
+	blkSize           uint32
+	numQueues         uint16
+	maxDiscardSectors uint32
+	maxDiscardSeg     uint32
+	discardAlign      uint32
+	maxWZSectors      uint32
+	maxWZSeg          uint32
+	maxRequestBytes   uint64
+	readOnly          bool
+}
+
+// configSpace encodes struct virtio_blk_config into a maxConfigSize window
+// (fields after write_zeroes_may_unmap read as zero).
+func (c *blkConfig) configSpace() [maxConfigSize]byte {
+	var b [maxConfigSize]byte
+	le := binary.LittleEndian
+	le.PutUint64(b[0:], c.capacity)
+	le.PutUint32(b[8:], 0) // size_max: VIRTIO_BLK_F_SIZE_MAX not offered
+	le.PutUint32(b[12:], c.segMax)
+	// geometry (16..20) not offered
+	le.PutUint32(b[20:], c.blkSize)
+	// topology (24..32) not offered; writeback (32) without CONFIG_WCE
+	le.PutUint16(b[34:], c.numQueues)
+	le.PutUint32(b[36:], c.maxDiscardSectors)
+	le.PutUint32(b[40:], c.maxDiscardSeg)
+	le.PutUint32(b[44:], c.discardAlign)
+	le.PutUint32(b[48:], c.maxWZSectors)
+	le.PutUint32(b[52:], c.maxWZSeg)
+	b[56] = 1 // write_zeroes_may_unmap
+	return b
+}
+
+// blkHandler executes virtio-blk requests against a BlockDevice.
+type blkHandler struct {
+	dev BlockDevice
+	cfg blkConfig
+}
+
+// handle executes one request chain and returns the number of bytes written
+// into guest buffers (including the status byte), the used length.
+func (h *blkHandler) handle(c *virtq.Chain) uint32 {
+	if c.WriteLen == 0 || len(c.Writable) == 0 {
+		return 0 // no status byte: nothing we can tell the driver
+	}
+	last := c.Writable[len(c.Writable)-1]
+	status := &last[len(last)-1]
+	dataIn := c.WriteLen - 1 // writable bytes before the status byte
+
+	var written uint32
+	*status, written = h.execute(c, dataIn)
+	return written + 1
+}
+
+func (h *blkHandler) execute(c *virtq.Chain, dataIn uint32) (byte, uint32) {
+	if c.ReadLen < blkHeaderSize {
+		return blkStatusIOErr, 0
+	}
+	var hdr [blkHeaderSize]byte
+	gather(hdr[:], c.Readable, 0)
+	typ := binary.LittleEndian.Uint32(hdr[0:4])
+	sector := binary.LittleEndian.Uint64(hdr[8:16])
+	dataOut := c.ReadLen - blkHeaderSize
+
+	// header + status take a descriptor each; the rest are data segments.
+	if c.Descriptors > int(h.cfg.segMax)+2 {
+		return blkStatusIOErr, 0
+	}
+	switch typ {
+	case blkTypeIn:
+		off, ok := h.span(sector, uint64(dataIn))
+		if !ok || dataOut != 0 {
+			return blkStatusIOErr, 0
+		}
+		n, err := h.readInto(c.Writable, dataIn, off)
+		if err != nil {
+			return blkStatusIOErr, n
+		}
+		return blkStatusOK, n
+	case blkTypeOut:
+		if h.cfg.readOnly {
+			return blkStatusIOErr, 0
+		}
+		off, ok := h.span(sector, uint64(dataOut))
+		if !ok || dataIn != 0 {
+			return blkStatusIOErr, 0
+		}
+		if err := h.writeFrom(c.Readable, blkHeaderSize, off); err != nil {
+			return blkStatusIOErr, 0
+		}
+		return blkStatusOK, 0
+	case blkTypeFlush:
+		if err := h.dev.Flush(); err != nil {
+			return blkStatusIOErr, 0
+		}
+		return blkStatusOK, 0
+	case blkTypeGetID:
+		var id [blkIDBytes]byte
+		copy(id[:], h.dev.ID())
+		n := min(dataIn, blkIDBytes)
+		scatter(c.Writable, id[:n])
+		return blkStatusOK, n
+	case blkTypeDiscard, blkTypeWriteZeroes:
+		return h.discardOrZero(c, typ, dataOut), 0
+	default:
+		return blkStatusUnsupp, 0
+	}
+}
+
+// span converts a sector and byte length into a byte offset, checking
+// alignment, the request-size cap and the device end without overflow.
+func (h *blkHandler) span(sector, n uint64) (int64, bool) {
+	if n%sectorSize != 0 || n > h.cfg.maxRequestBytes {
+		return 0, false
+	}
+	hi, off := bits.Mul64(sector, sectorSize)
+	if hi != 0 {
+		return 0, false
+	}
+	end, carry := bits.Add64(off, n, 0)
+	if carry != 0 || end > h.cfg.capacity*sectorSize {
+		return 0, false
+	}
+	return int64(off), true
+}
+
+// readInto reads n bytes at off straight into the writable buffers (the
+// status byte excluded) and returns how many bytes reached the guest.
+func (h *blkHandler) readInto(bufs [][]byte, n uint32, off int64) (uint32, error) {
+	var done uint32
+	for _, b := range bufs {
+		if done == n {
+			break
+		}
+		b = b[:min(uint32(len(b)), n-done)]
+		if _, err := h.dev.ReadAt(b, off+int64(done)); err != nil {
+			return done, err
+		}
+		done += uint32(len(b))
+	}
+	return done, nil
+}
+
+// writeFrom writes the readable bytes after skip to the device at off.
+func (h *blkHandler) writeFrom(bufs [][]byte, skip uint32, off int64) error {
+	for _, b := range bufs {
+		if uint32(len(b)) <= skip {
+			skip -= uint32(len(b))
+			continue
+		}
+		b = b[skip:]
+		skip = 0
+		if _, err := h.dev.WriteAt(b, off); err != nil {
+			return err
+		}
+		off += int64(len(b))
+	}
+	return nil
+}
+
+func (h *blkHandler) discardOrZero(c *virtq.Chain, typ uint32, dataOut uint32) byte {
+	maxSeg, maxSectors := h.cfg.maxDiscardSeg, h.cfg.maxDiscardSectors
+	if typ == blkTypeWriteZeroes {
+		maxSeg, maxSectors = h.cfg.maxWZSeg, h.cfg.maxWZSectors
+	}
+	if dataOut == 0 || dataOut%blkSegmentSize != 0 || dataOut/blkSegmentSize > maxSeg {
+		return blkStatusIOErr
+	}
+	if h.cfg.readOnly {
+		return blkStatusIOErr
+	}
+	// Validate every segment before touching the device.
+	var seg [blkSegmentSize]byte
+	for i := uint32(0); i < dataOut/blkSegmentSize; i++ {
+		gather(seg[:], c.Readable, blkHeaderSize+i*blkSegmentSize)
+		sector := binary.LittleEndian.Uint64(seg[0:8])
+		num := binary.LittleEndian.Uint32(seg[8:12])
+		flags := binary.LittleEndian.Uint32(seg[12:16])
+		if flags&^blkFlagUnmap != 0 || (typ == blkTypeDiscard && flags&blkFlagUnmap != 0) {
+			return blkStatusUnsupp
+		}
+		if num > maxSectors {
+			return blkStatusIOErr
+		}
+		if _, ok := h.spanUncapped(sector, uint64(num)*sectorSize); !ok {
+			return blkStatusIOErr
+		}
+	}
+	for i := uint32(0); i < dataOut/blkSegmentSize; i++ {
+		gather(seg[:], c.Readable, blkHeaderSize+i*blkSegmentSize)
+		sector := binary.LittleEndian.Uint64(seg[0:8])
+		n := int64(binary.LittleEndian.Uint32(seg[8:12])) * sectorSize
+		flags := binary.LittleEndian.Uint32(seg[12:16])
+		off := int64(sector * sectorSize)
+		var err error
+		if typ == blkTypeDiscard {
+			err = h.dev.Discard(off, n)
+		} else {
+			err = h.dev.WriteZeroes(off, n, flags&blkFlagUnmap != 0)
+		}
+		if err != nil {
+			return blkStatusIOErr
+		}
+	}
+	return blkStatusOK
+}
+
+// spanUncapped is span without the data-transfer size cap (discard and
+// write-zeroes move no data; their own sector limits apply).
+func (h *blkHandler) spanUncapped(sector, n uint64) (int64, bool) {
+	hi, off := bits.Mul64(sector, sectorSize)
+	if hi != 0 {
+		return 0, false
+	}
+	end, carry := bits.Add64(off, n, 0)
+	if carry != 0 || end > h.cfg.capacity*sectorSize {
+		return 0, false
+	}
+	return int64(off), true
+}
+
+// gather copies len(dst) bytes starting at byte skip of bufs; the caller
+// has checked that enough bytes exist.
+func gather(dst []byte, bufs [][]byte, skip uint32) {
+	for _, b := range bufs {
+		if len(dst) == 0 {
+			return
+		}
+		if uint32(len(b)) <= skip {
+			skip -= uint32(len(b))
+			continue
+		}
+		n := copy(dst, b[skip:])
+		dst = dst[n:]
+		skip = 0
+	}
+}
+
+// scatter copies src into the start of bufs.
+func scatter(bufs [][]byte, src []byte) {
+	for _, b := range bufs {
+		if len(src) == 0 {
+			return
+		}
+		src = src[copy(b, src):]
+	}
+}
