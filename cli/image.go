@@ -16,9 +16,11 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 
+	"github.com/kata-fsx/kata-fsx/blk"
 	"github.com/kata-fsx/kata-fsx/blk/blockmap"
 	"github.com/kata-fsx/kata-fsx/blk/ext4"
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/overlay"
 	"github.com/kata-fsx/kata-fsx/config"
 )
 
@@ -27,7 +29,8 @@ const imageUsage = `usage: kata-fsx image COMMAND
   build SOURCE -o DIR [--writable-size SIZE] [--journal=false] [--journal-size SIZE] [--cache DIR]
         SOURCE: dir:PATH | layers:L1:L2:... (lowest first) | oci:PATH[:TAG] | oci-archive:PATH[:TAG]
   inspect DIR [--json]
-  export DIR --raw OUT
+  export DIR --raw OUT [--overlay FILE]
+  serve DIR --socket PATH [--overlay FILE] [--read-only] [--queues N]
 `
 
 // buildInfoFile records how an image directory was built.
@@ -55,6 +58,8 @@ func runImage(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		err = imageInspect(args[1:], stdout, stderr)
 	case "export":
 		err = imageExport(ctx, args[1:], stdout, stderr)
+	case "serve":
+		err = imageServe(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, imageUsage)
 		return 0
@@ -63,7 +68,7 @@ func runImage(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 2
 	}
 	var ue usageError
-	if errors.As(err, &ue) {
+	if errors.As(err, &ue) || errors.Is(err, blk.ErrSourceSpec) {
 		fmt.Fprintf(stderr, "kata-fsx image %s: %v\n\n%s", args[0], err, imageUsage)
 		return 2
 	}
@@ -97,39 +102,6 @@ func parseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("size %q: want a number of bytes with an optional K, M, G or T suffix", s)
 	}
 	return v * mult, nil
-}
-
-// IndexSource indexes an image source spec (dir:, layers:, oci:, oci-archive:).
-func IndexSource(ctx context.Context, spec, cacheDir string) (*index.Index, error) {
-	kind, rest, ok := strings.Cut(spec, ":")
-	if !ok || rest == "" {
-		return nil, usageError{fmt.Errorf("source %q: want dir:PATH, layers:L1:L2:..., oci:PATH[:TAG] or oci-archive:PATH[:TAG]", spec)}
-	}
-	opts := index.Options{CacheDir: cacheDir}
-	switch kind {
-	case "dir":
-		return index.FromDir(ctx, rest, opts)
-	case "layers":
-		return index.FromLayers(ctx, strings.Split(rest, ":"), opts)
-	case "oci", "oci-archive":
-		path, tag := splitTag(rest)
-		if cacheDir == "" {
-			return nil, fmt.Errorf("source %s: OCI sources need a cache directory (--cache)", spec)
-		}
-		return index.FromOCI(ctx, path, tag, opts)
-	}
-	return nil, usageError{fmt.Errorf("source kind %q: want dir, layers, oci or oci-archive", kind)}
-}
-
-// splitTag splits PATH[:TAG]; a colon inside the last path element starts the tag.
-func splitTag(s string) (path, tag string) {
-	slash := strings.LastIndex(s, "/")
-	if i := strings.LastIndex(s, ":"); i > slash {
-		if _, err := os.Stat(s); err != nil {
-			return s[:i], s[i+1:]
-		}
-	}
-	return s, ""
 }
 
 // defaultCacheDir is the index and blob cache: $KATA_FSX_CACHE, else the
@@ -186,7 +158,7 @@ func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	info := BuildInfo{Source: positional[0], Started: time.Now().UTC()}
 	progress.Describe("indexing " + positional[0])
 	t0 := time.Now()
-	idx, err := IndexSource(ctx, positional[0], *cache)
+	idx, err := blk.IndexSource(ctx, positional[0], *cache)
 	if err != nil {
 		return err
 	}
@@ -359,6 +331,7 @@ func imageExport(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs := flag.NewFlagSet("image export", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	raw := fs.String("raw", "", "write the full raw ext4 filesystem to this file")
+	ovl := fs.String("overlay", "", "include the guest writes kept in this overlay (as 'serve --overlay' left it)")
 	cache := fs.String("cache", "", "blob cache the image was built with (default as for build)")
 	dir, err := parseDirArg(fs, args)
 	if err != nil {
@@ -381,7 +354,11 @@ func imageExport(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	p := newProgress(stderr, false)
 	p.Describe(fmt.Sprintf("exporting %s of filesystem to %s", human(img.Manifest.SizeBytes), *raw))
-	err = ext4.Export(ctx, img, &index.HostOpener{CacheDir: *cache}, f)
+	if *ovl != "" {
+		err = exportWithOverlay(ctx, img, *ovl, *cache, f)
+	} else {
+		err = ext4.Export(ctx, img, &index.HostOpener{CacheDir: *cache}, f)
+	}
 	p.Finish()
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -391,6 +368,84 @@ func imageExport(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	fmt.Fprintf(stdout, "exported %s to %s\n", dir, *raw)
+	return nil
+}
+
+// exportWithOverlay writes the disk as the guest sees it: the image with
+// the overlay's blocks on top. Blocks that read as zeros stay holes.
+func exportWithOverlay(ctx context.Context, img *ext4.Image, overlayPath, cache string, out *os.File) error {
+	if _, err := os.Stat(overlayPath); err != nil {
+		return fmt.Errorf("overlay: %w", err)
+	}
+	base := ext4.NewDisk(img, &index.HostOpener{CacheDir: cache})
+	defer base.Close()
+	dev, err := overlay.Open(base, base.Size(), overlayPath, overlay.Options{BlockSize: int(img.Manifest.BlockSize), ReadOnly: true})
+	if err != nil {
+		return fmt.Errorf("overlay %s: %w", overlayPath, err)
+	}
+	defer dev.Close()
+	if err := out.Truncate(dev.Size()); err != nil {
+		return err
+	}
+	buf := make([]byte, 1<<20)
+	for off := int64(0); off < dev.Size(); off += int64(len(buf)) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n := min(int64(len(buf)), dev.Size()-off)
+		if _, err := dev.ReadAt(buf[:n], off); err != nil {
+			return fmt.Errorf("read disk at %d: %w", off, err)
+		}
+		if allZero(buf[:n]) {
+			continue
+		}
+		if _, err := out.WriteAt(buf[:n], off); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func imageServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("image serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	sock := fs.String("socket", "", "vhost-user socket to listen on (created 0600; its directory 0700)")
+	ovl := fs.String("overlay", "", "sparse file for guest writes (with FILE.dirty beside it); reopening it resumes")
+	ro := fs.Bool("read-only", false, "refuse guest writes (no overlay needed)")
+	queues := fs.Int("queues", 1, "most queues a frontend may use (QEMU's num-queues)")
+	cache := fs.String("cache", "", "blob cache the image was built with (default as for build)")
+	dir, err := parseDirArg(fs, args)
+	if err != nil {
+		return err
+	}
+	if *sock == "" {
+		return usageError{errors.New("--socket PATH is required")}
+	}
+	if *ovl == "" && !*ro {
+		return usageError{errors.New("--overlay FILE is required unless --read-only")}
+	}
+	if *cache == "" {
+		*cache = defaultCacheDir()
+	}
+	d, err := blk.Serve(ctx, dir, *ovl, *sock, blk.Options{CacheDir: *cache, NumQueues: *queues, ReadOnly: *ro})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "serving %s (%s) on %s; overlay %s; stop with Ctrl-C\n", dir, human(d.Image.Manifest.SizeBytes), *sock, *ovl)
+	<-ctx.Done()
+	if err := d.Close(); err != nil {
+		return fmt.Errorf("stop: %w", err)
+	}
+	fmt.Fprintln(stdout, "stopped; overlay flushed")
 	return nil
 }
 

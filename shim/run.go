@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kata-fsx/kata-fsx/blk"
+	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
 )
 
@@ -33,14 +35,14 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer, de
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgPath := fs.String("config", "", "configuration file (default: the usual lookup)")
-	backend := fs.String("backend", "", "virtio-fs or virtio-9p (default: the configuration's policy)")
-	rootfs := fs.String("rootfs", "", "the container's root filesystem: a host directory")
+	backend := fs.String("backend", "", "virtio-fs, virtio-9p or imagefs-blk (default: the configuration's policy)")
+	rootfs := fs.String("rootfs", "", "the container's root filesystem: a host directory, or for imagefs-blk dir:PATH, layers:L1:L2:..., oci:PATH[:TAG], oci-archive:PATH[:TAG]")
 	keep := fs.Bool("keep", false, "leave the VM running after the command and print how to reach it")
 	id := fs.String("id", "", "sandbox id (default: run-<random>)")
 	var anns stringList
 	fs.Var(&anns, "annotation", "pod annotation key=value (repeatable)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kata-fsx run [--config F] [--backend virtio-fs|virtio-9p] --rootfs DIR [--annotation k=v]... [--keep] -- CMD [ARGS...]")
+		fmt.Fprintln(stderr, "usage: kata-fsx run [--config F] [--backend virtio-fs|virtio-9p|imagefs-blk] --rootfs SOURCE [--annotation k=v]... [--keep] -- CMD [ARGS...]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -60,16 +62,38 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer, de
 		return fail(err)
 	}
 	switch *backend {
-	case "", config.SharedFSVirtioFS, config.SharedFS9P:
+	case "", config.SharedFSVirtioFS, config.SharedFS9P, config.SharedFSImagefsBlk:
 	default:
-		return fail(fmt.Errorf("--backend %q: use virtio-fs or virtio-9p", *backend))
+		return fail(fmt.Errorf("--backend %q: use virtio-fs, virtio-9p or imagefs-blk", *backend))
 	}
-	dir, err := filepath.Abs(*rootfs)
-	if err != nil {
-		return fail(err)
+	var (
+		dir   string
+		idx   *index.Index
+		rspec = config.Rootfs{Kind: config.RootfsDir}
+	)
+	if kind, rest, ok := strings.Cut(*rootfs, ":"); ok && (kind == "dir" || kind == "layers" || kind == "oci" || kind == "oci-archive") {
+		if kind == "dir" {
+			dir = rest
+		} else {
+			if *backend != config.SharedFSImagefsBlk {
+				return fail(fmt.Errorf("--rootfs %s: only --backend imagefs-blk reads layers and OCI images; virtio-fs and virtio-9p share a directory", *rootfs))
+			}
+			if idx, err = blk.IndexSource(ctx, *rootfs, filepath.Join(c.KataFSX.ImagefsBlk.StateDir, "cache")); err != nil {
+				return fail(fmt.Errorf("--rootfs %s: %w", *rootfs, err))
+			}
+			rspec = config.Rootfs{Kind: config.RootfsImage, ImageRef: *rootfs}
+		}
+	} else {
+		dir = *rootfs
 	}
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return fail(fmt.Errorf("--rootfs %s: not a directory", *rootfs))
+	if idx == nil {
+		if dir, err = filepath.Abs(dir); err != nil {
+			return fail(err)
+		}
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			return fail(fmt.Errorf("--rootfs %s: not a directory", *rootfs))
+		}
+		rspec.Layers = []string{dir}
 	}
 	annotations := map[string]string{}
 	for _, a := range anns {
@@ -86,7 +110,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer, de
 	}
 	code, err := runOne(ctx, runRequest{
 		sandbox: SandboxSpec{ID: *id, Config: c, Annotations: annotations, Backend: *backend, Hostname: *id,
-			Rootfs: config.Rootfs{Kind: config.RootfsDir, Layers: []string{dir}}},
+			Rootfs: rspec, RootfsIndex: idx},
 		rootfs: dir, args: cmd, keep: *keep,
 	}, stdout, stderr)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
 	"github.com/kata-fsx/kata-fsx/shim/agent"
@@ -35,6 +36,9 @@ type SandboxSpec struct {
 	Hostname    string
 	// Backend, when set, overrides the policy (kata-fsx run --backend).
 	Backend string
+	// RootfsIndex, when set, is the first container's rootfs already
+	// indexed (an OCI image); otherwise imagefs-blk indexes Rootfs.Layers.
+	RootfsIndex *index.Index
 }
 
 // Sandbox is a running pod VM with its filesystem backend and agent connection.
@@ -48,6 +52,9 @@ type Sandbox struct {
 	vfsd   *virtiofs.Process
 	shared *virtiofs.SharedDir
 	agent  *agent.Client
+	// disks are the imagefs-blk disks by container id, with the QEMU
+	// device each is plugged in as.
+	disks map[string]*podDisk
 
 	failOnce sync.Once
 	failed   chan struct{}
@@ -90,6 +97,7 @@ func NewSandbox(ctx context.Context, spec SandboxSpec) (_ *Sandbox, err error) {
 		ID: spec.ID, Decision: d, cfg: cfg,
 		Dir:    filepath.Join(cfg.KataFSX.StateDir, spec.ID),
 		failed: make(chan struct{}), done: make(chan struct{}),
+		disks: map[string]*podDisk{},
 	}
 	log.G(ctx).WithField("sandbox", spec.ID).Infof("backend %s: %s", d.Backend, d.Reason)
 	defer func() {
@@ -140,7 +148,7 @@ func NewSandbox(ctx context.Context, spec SandboxSpec) (_ *Sandbox, err error) {
 	vmc.Agent = hypervisor.AgentChannel{Transport: hypervisor.AgentSerial, SocketPath: sock}
 	transport = agent.SerialTransport{Path: sock}
 
-	storages, err := s.prepareBackend(ctx, host, vmc)
+	storages, err := s.prepareBackend(ctx, host, vmc, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -179,29 +187,30 @@ func NewSandbox(ctx context.Context, spec SandboxSpec) (_ *Sandbox, err error) {
 
 // prepareBackend starts what the chosen backend needs on the host, adds
 // its device to the VM and returns the storages the agent mounts.
-func (s *Sandbox) prepareBackend(ctx context.Context, host *hostProbe, vmc *hypervisor.VMConfig) ([]*pb.Storage, error) {
+func (s *Sandbox) prepareBackend(ctx context.Context, host *hostProbe, vmc *hypervisor.VMConfig, spec SandboxSpec) ([]*pb.Storage, error) {
 	q := s.cfg.QEMU()
 	shm := &pb.Storage{Driver: "ephemeral", Source: "shm", Fstype: "tmpfs", MountPoint: "/run/kata-containers/sandbox/shm", Options: []string{"noexec", "nosuid", "nodev", "mode=1777", "size=67108864"}}
 	switch s.Decision.Backend {
-	case config.SharedFSVirtioFS:
-		var err error
-		if s.shared, err = virtiofs.NewSharedDir(s.Dir); err != nil {
+	case config.SharedFSImagefsBlk:
+		d, err := s.createDisk(ctx, spec.ID, spec.Rootfs, spec.RootfsIndex)
+		if err != nil {
 			return nil, err
 		}
-		if host.daemon == nil {
-			return nil, fmt.Errorf("sandbox %s: virtiofsd %s: %w", s.ID, q.VirtioFSDaemon, host.daemonErr)
+		b := s.cfg.KataFSX.ImagefsBlk
+		vmc.Devices = append(vmc.Devices, &hypervisor.VhostUserBlk{ID: d.deviceID, SocketPath: d.Socket, NumQueues: b.NumQueues, QueueSize: b.QueueSize})
+		storages := []*pb.Storage{shm}
+		if s.Decision.VolumesViaVirtioFS {
+			st, err := s.startVirtioFS(ctx, host, vmc)
+			if err != nil {
+				return nil, err
+			}
+			storages = append(storages, st)
 		}
-		sock := filepath.Join(s.Dir, "vhost-fs.sock")
-		s.vfsd, err = virtiofs.Start(ctx, virtiofs.Options{Daemon: host.daemon, SharedDir: s.shared.Root, Cache: q.VirtioFSCache, ExtraArgs: q.VirtioFSExtraArgs}, sock)
+		return storages, nil
+	case config.SharedFSVirtioFS:
+		st, err := s.startVirtioFS(ctx, host, vmc)
 		if err != nil {
-			return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
-		}
-		s.watch(func() (<-chan struct{}, func() error) { return s.vfsd.Done(), s.vfsd.Err })
-		vmc.Devices = append(vmc.Devices, &hypervisor.VhostUserFS{ID: "vhost-user-fs-0", SocketPath: sock, Tag: sharedTag,
-			QueueSize: q.VirtioFSQueueSize, DAXWindowMiB: uint64(q.VirtioFSCacheSize)})
-		st := &pb.Storage{Driver: "virtio-fs", Source: sharedTag, Fstype: "virtiofs", MountPoint: virtiofs.GuestSharedMount}
-		if q.VirtioFSCacheSize > 0 {
-			st.Options = []string{"dax"}
+			return nil, err
 		}
 		return []*pb.Storage{st, shm}, nil
 	case config.SharedFS9P:
@@ -215,6 +224,32 @@ func (s *Sandbox) prepareBackend(ctx context.Context, host *hostProbe, vmc *hype
 		return []*pb.Storage{st, shm}, nil
 	}
 	return nil, fmt.Errorf("sandbox %s: backend %s is not wired into the sandbox yet", s.ID, s.Decision.Backend)
+}
+
+// startVirtioFS runs virtiofsd on the sandbox's shared directory and adds
+// the vhost-user-fs device; it returns the storage the agent mounts.
+func (s *Sandbox) startVirtioFS(ctx context.Context, host *hostProbe, vmc *hypervisor.VMConfig) (*pb.Storage, error) {
+	q := s.cfg.QEMU()
+	var err error
+	if s.shared, err = virtiofs.NewSharedDir(s.Dir); err != nil {
+		return nil, err
+	}
+	if host.daemon == nil {
+		return nil, fmt.Errorf("sandbox %s: virtiofsd %s: %w", s.ID, q.VirtioFSDaemon, host.daemonErr)
+	}
+	sock := filepath.Join(s.Dir, "vhost-fs.sock")
+	s.vfsd, err = virtiofs.Start(ctx, virtiofs.Options{Daemon: host.daemon, SharedDir: s.shared.Root, Cache: q.VirtioFSCache, ExtraArgs: q.VirtioFSExtraArgs}, sock)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
+	}
+	s.watch(func() (<-chan struct{}, func() error) { return s.vfsd.Done(), s.vfsd.Err })
+	vmc.Devices = append(vmc.Devices, &hypervisor.VhostUserFS{ID: "vhost-user-fs-0", SocketPath: sock, Tag: sharedTag,
+		QueueSize: q.VirtioFSQueueSize, DAXWindowMiB: uint64(q.VirtioFSCacheSize)})
+	st := &pb.Storage{Driver: "virtio-fs", Source: sharedTag, Fstype: "virtiofs", MountPoint: virtiofs.GuestSharedMount}
+	if q.VirtioFSCacheSize > 0 {
+		st.Options = []string{"dax"}
+	}
+	return st, nil
 }
 
 // watch fails the sandbox when a component it depends on exits.
@@ -299,7 +334,14 @@ type ContainerSpec struct {
 // CreateContainer shares the container's rootfs with the guest and creates it in the agent.
 func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) error {
 	var guestRoot string
+	var storages []*pb.Storage
 	switch s.Decision.Backend {
+	case config.SharedFSImagefsBlk:
+		st, root, err := s.blkStorage(c.ID)
+		if err != nil {
+			return err
+		}
+		storages, guestRoot = append(storages, st), root
 	case config.SharedFSVirtioFS, config.SharedFS9P:
 		readonly := c.OCI != nil && c.OCI.Root != nil && c.OCI.Root.Readonly
 		var err error
@@ -313,7 +355,7 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) error {
 	if err != nil {
 		return fmt.Errorf("container %s: %w", c.ID, err)
 	}
-	if err := s.agent.CreateContainer(ctx, &pb.CreateContainerRequest{ContainerId: c.ID, ExecId: c.ID, OCI: spec}); err != nil {
+	if err := s.agent.CreateContainer(ctx, &pb.CreateContainerRequest{ContainerId: c.ID, ExecId: c.ID, OCI: spec, Storages: storages}); err != nil {
 		return s.explain(fmt.Errorf("container %s: agent CreateContainer: %w", c.ID, err))
 	}
 	return nil
@@ -341,6 +383,11 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 		}
 		if s.vfsd != nil {
 			_ = s.vfsd.Stop(ctx)
+		}
+		for cid, d := range s.disks {
+			if err := d.Remove(); err != nil {
+				errs = append(errs, fmt.Errorf("container %s disk: %w", cid, err))
+			}
 		}
 		if s.shared != nil {
 			if err := s.shared.Cleanup(); err != nil {

@@ -29,6 +29,11 @@ var ErrUnreachable = errors.New("guest agent unreachable")
 var ErrNotServing = errors.New("guest agent not serving")
 
 const (
+	// attemptMax bounds one connection's health check, so that a request
+	// lost with an earlier connection of the same port (see dialOnce) costs
+	// one attempt, not the whole dial timeout.
+	attemptMax = 10 * time.Second
+	attemptMin = time.Second
 	retryFirst = 10 * time.Millisecond
 	retryMax   = 500 * time.Millisecond
 	// maxChunk keeps each stream request and reply well below ttrpc's 4 MiB
@@ -60,9 +65,12 @@ func Dial(ctx context.Context, t Transport, timeout time.Duration) (*Client, err
 	defer cancel()
 
 	wait := retryFirst
+	perAttempt := min(attemptMax, max(attemptMin, timeout/4))
 	var lastErr error
 	for attempt := 1; ; attempt++ {
-		c, err := dialOnce(dctx, t)
+		actx, acancel := context.WithTimeout(dctx, perAttempt)
+		c, err := dialOnce(actx, t)
+		acancel()
 		if err == nil {
 			return c, nil
 		}
@@ -85,9 +93,12 @@ func Dial(ctx context.Context, t Transport, timeout time.Duration) (*Client, err
 	}
 }
 
-// dialOnce connects and health-checks once. On a virtio-serial port the
-// connect succeeds before the guest has opened its side; QEMU then holds our
-// bytes until it does, so the check simply waits, bounded by ctx.
+// dialOnce connects and health-checks once, on a fresh connection that it
+// closes again on failure. On a virtio-serial port the connect succeeds
+// before the guest has opened its side; QEMU then holds our bytes until it
+// does, so the check waits, bounded by ctx. A check can also go unanswered
+// when the request reached a guest that was just dropping an earlier host
+// connection; the next attempt's fresh connection recovers from that.
 func dialOnce(ctx context.Context, t Transport) (*Client, error) {
 	conn, err := t.DialContext(ctx)
 	if err != nil {
@@ -95,7 +106,7 @@ func dialOnce(ctx context.Context, t Transport) (*Client, error) {
 	}
 	c := NewClient(t, ttrpc.NewClient(conn))
 	if err := c.Check(ctx); err != nil {
-		c.Close()
+		c.Close() // closes conn too: the next attempt starts afresh
 		return nil, err
 	}
 	return c, nil

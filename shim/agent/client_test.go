@@ -334,3 +334,44 @@ func TestVsockDialFailsCleanly(t *testing.T) {
 		t.Fatalf("want an error naming vsock://2:40999, got %v", err)
 	}
 }
+
+// TestDialRetriesLostCheck has the first connection swallow its health
+// check, as a virtio-serial guest does that drops a request arriving while it
+// still tears down an earlier host connection: Dial must give that attempt up
+// within its share of the timeout, close it, and succeed on a new connection.
+func TestDialRetriesLostCheck(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agent.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := ttrpc.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb.RegisterHealthService(srv, &fakeAgent{status: pb.HealthCheckResponse_SERVING})
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		first, err := l.Accept()
+		if err != nil {
+			return
+		}
+		// Read and drop everything until the client hangs up; like QEMU's
+		// chardev, serve the next connection only after that, so a Dial
+		// that kept the first connection open could not succeed.
+		_, _ = io.Copy(io.Discard, first)
+		first.Close()
+		_ = srv.Serve(context.Background(), l)
+	}()
+	t.Cleanup(func() {
+		srv.Close()
+		l.Close()
+		<-served
+	})
+	c, err := Dial(context.Background(), SerialTransport{Path: path}, 8*time.Second)
+	if err != nil {
+		t.Fatalf("Dial after a lost check: %v", err)
+	}
+	c.Close()
+}

@@ -154,7 +154,7 @@ func busyboxRootfs(t *testing.T) string {
 	if err := os.WriteFile(filepath.Join(root, "bin", "busybox"), data, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range []string{"sh", "echo", "cat", "ls", "sleep", "mkdir", "rm", "stat", "chown", "find", "sync", "wc", "grep", "head", "md5sum"} {
+	for _, a := range []string{"sh", "echo", "cat", "ls", "sleep", "mkdir", "rm", "stat", "chown", "find", "sync", "wc", "grep", "head", "md5sum", "mv", "dd", "touch", "seq", "xargs", "tr"} {
 		if err := os.Symlink("busybox", filepath.Join(root, "bin", a)); err != nil {
 			t.Fatal(err)
 		}

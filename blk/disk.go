@@ -1,0 +1,187 @@
+// Package blk is imagefs-blk: it turns a container image into a disk the
+// guest mounts as ext4. The image's tree is indexed (blk/index), the ext4
+// metadata synthesized with data left in place (blk/ext4), guest writes go
+// to a copy-on-write overlay (blk/overlay), and the disk is served to QEMU
+// over vhost-user-blk (blk/vhostuser), all in the caller's process.
+package blk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/kata-fsx/kata-fsx/blk/ext4"
+	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/overlay"
+	"github.com/kata-fsx/kata-fsx/blk/vhostuser"
+)
+
+// Options configure one disk.
+type Options struct {
+	// CacheDir holds the per-layer index cache and the blob cache.
+	CacheDir string
+	// WritableSize is the free space added for guest writes, in bytes.
+	WritableSize int64
+	// BlockSize is the ext4 block size (4096 or 2048).
+	BlockSize int
+	// Journal and JournalSize control the filesystem's journal.
+	Journal     bool
+	JournalSize int64
+	// NumQueues is the most queues the frontend may use; QEMU's num-queues
+	// must not exceed it.
+	NumQueues int
+	ReadOnly  bool
+	// Socket is where Create serves the disk (default DIR/vhost-blk.sock);
+	// unix socket paths are limited to 107 bytes, so callers with deep
+	// directories put it somewhere shorter.
+	Socket string
+}
+
+// maxSocketPath is the longest path a unix socket can be bound to.
+const maxSocketPath = 107
+
+func socketPath(dir string, opts Options) (string, error) {
+	p := opts.Socket
+	if p == "" {
+		p = filepath.Join(dir, socketFile)
+	}
+	if len(p) > maxSocketPath {
+		return "", fmt.Errorf("imagefs-blk: socket path %s is %d bytes, over the %d-byte limit of unix sockets: use a shorter state_dir", p, len(p), maxSocketPath)
+	}
+	return p, nil
+}
+
+// Disk is an imagefs-blk disk being served on a vhost-user socket.
+type Disk struct {
+	Dir    string // image, overlay and socket live here
+	Socket string
+	Image  *ext4.Image
+
+	base *ext4.Disk
+	dev  *overlay.Device
+	srv  *vhostuser.Server
+}
+
+// Files in a disk directory.
+const (
+	imageDir    = "image"
+	overlayFile = "overlay"
+	socketFile  = "vhost-blk.sock"
+)
+
+// Build indexes layers (lowest first; a plain directory is one layer) and
+// synthesizes the image into dir/image.
+func Build(ctx context.Context, layers []string, dir string, opts Options) (*ext4.Image, error) {
+	idx, err := index.FromLayers(ctx, layers, index.Options{CacheDir: opts.CacheDir})
+	if err != nil {
+		return nil, fmt.Errorf("imagefs-blk: index rootfs: %w", err)
+	}
+	return synthesize(ctx, idx, dir, opts)
+}
+
+func synthesize(ctx context.Context, idx *index.Index, dir string, opts Options) (*ext4.Image, error) {
+	eo := ext4.Options{BlockSize: opts.BlockSize, WritableSize: opts.WritableSize, JournalSize: opts.JournalSize, NoJournal: !opts.Journal}
+	if opts.WritableSize == 0 {
+		eo.WritableSize = -1
+	}
+	img, err := ext4.Build(ctx, idx, eo)
+	if err != nil {
+		return nil, fmt.Errorf("imagefs-blk: synthesize ext4: %w", err)
+	}
+	if err := img.WriteTo(filepath.Join(dir, imageDir)); err != nil {
+		img.Close()
+		return nil, fmt.Errorf("imagefs-blk: %w", err)
+	}
+	return img, nil
+}
+
+// Serve serves a built image (an `image build` directory) on socket with
+// guest writes going to overlayPath ("" with opts.ReadOnly: no overlay).
+// Reopening the same overlay resumes from what was flushed to it.
+func Serve(ctx context.Context, imgDir, overlayPath, socket string, opts Options) (*Disk, error) {
+	img, err := ext4.Open(imgDir)
+	if err != nil {
+		return nil, err
+	}
+	d, err := serveImage(ctx, img, overlayPath, socket, opts)
+	if err != nil {
+		img.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+func serveImage(ctx context.Context, img *ext4.Image, overlayPath, socket string, opts Options) (*Disk, error) {
+	d := &Disk{Dir: filepath.Dir(overlayPath), Socket: socket, Image: img}
+	d.base = ext4.NewDisk(img, &index.HostOpener{CacheDir: opts.CacheDir})
+	var err error
+	d.dev, err = overlay.Open(d.base, d.base.Size(), overlayPath, overlay.Options{BlockSize: int(img.Manifest.BlockSize), ReadOnly: opts.ReadOnly, Serial: "imagefs-blk"})
+	if err != nil {
+		d.base.Close()
+		return nil, fmt.Errorf("imagefs-blk: overlay %s: %w", overlayPath, err)
+	}
+	d.srv, err = vhostuser.Serve(ctx, socket, d.dev, vhostuser.Options{NumQueues: max(opts.NumQueues, 1)})
+	if err != nil {
+		d.dev.Close()
+		d.base.Close()
+		return nil, fmt.Errorf("imagefs-blk: serve %s: %w", socket, err)
+	}
+	return d, nil
+}
+
+// Create builds a pod's disk for a rootfs in dir (created 0700) and serves
+// it: dir/image, dir/overlay (+ .dirty), dir/vhost-blk.sock.
+func Create(ctx context.Context, layers []string, dir string, opts Options) (*Disk, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("imagefs-blk: %w", err)
+	}
+	sock, err := socketPath(dir, opts)
+	if err != nil {
+		return nil, err
+	}
+	img, err := Build(ctx, layers, dir, opts)
+	if err != nil {
+		return nil, err
+	}
+	d, err := serveImage(ctx, img, filepath.Join(dir, overlayFile), sock, opts)
+	if err != nil {
+		img.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// Overlay is the copy-on-write device, for listing what the pod changed.
+func (d *Disk) Overlay() *overlay.Device { return d.dev }
+
+// Close stops serving and flushes the overlay; the files stay.
+func (d *Disk) Close() error {
+	var errs []error
+	if d.srv != nil {
+		errs = append(errs, d.srv.Close())
+	}
+	if d.dev != nil {
+		errs = append(errs, d.dev.Close())
+	}
+	if d.base != nil {
+		errs = append(errs, d.base.Close())
+	}
+	if d.Image != nil {
+		errs = append(errs, d.Image.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Remove closes the disk and deletes its directory (image, overlay) and socket.
+func (d *Disk) Remove() error {
+	err := d.Close()
+	if rmErr := os.RemoveAll(d.Dir); rmErr != nil {
+		err = errors.Join(err, rmErr)
+	}
+	if rmErr := os.Remove(d.Socket); rmErr != nil && !os.IsNotExist(rmErr) {
+		err = errors.Join(err, rmErr)
+	}
+	return err
+}
