@@ -18,6 +18,7 @@ Commands:
   check    check this host can run kata-fsx pods; non-zero exit on any failure
   image    build, inspect and export imagefs-blk images (see kata-fsx image help)
   run      boot a one-off pod VM and run a command in it (see kata-fsx run -h)
+  exec     run a command in a pod left running by run --keep
   version  print the version
 
 Run 'kata-fsx COMMAND -h' for a command's options.

@@ -4,12 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +21,8 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk"
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/shim/agent"
+	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
 )
 
 type stringList []string
@@ -129,27 +131,39 @@ type runRequest struct {
 // exitNotExecutable is the shell's status for a command that cannot run.
 const exitNotExecutable = 127
 
+// keepMarker ends the command's stderr in --keep mode, followed by its status.
+const keepMarker = "\x00kata-fsx-exit:"
+
+// keepArgs wraps a command so that the container outlives it (exec needs a
+// running container): a shell runs it, reports its status on stderr and
+// then idles on its stdin, which the agent holds open.
+func keepArgs(args []string) []string {
+	script := `"$@"; s=$?; printf '` + `\000kata-fsx-exit:%d\n' "$s" >&2; while read -r _; do :; done; exec sleep 2147483647`
+	return append([]string{"/bin/sh", "-c", script, "kata-fsx-keep"}, args...)
+}
+
 func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, error) {
 	sb, err := NewSandbox(ctx, r.sandbox)
 	if err != nil {
 		return 1, err
 	}
 	fmt.Fprintf(stderr, "kata-fsx run: sandbox %s: backend %s (%s)\n", sb.ID, sb.Decision.Backend, sb.Decision.Reason)
-	stopped := false
 	defer func() {
-		if !stopped {
-			if err := sb.Stop(context.Background()); err != nil {
-				fmt.Fprintf(stderr, "kata-fsx run: teardown: %v\n", err)
-			}
+		if err := sb.Stop(context.Background()); err != nil {
+			fmt.Fprintf(stderr, "kata-fsx run: teardown: %v\n", err)
 		}
 	}()
 	cid := r.sandbox.ID
+	args := r.args
+	if r.keep {
+		args = keepArgs(args)
+	}
 	spec := &specs.Spec{
 		Version:  specs.Version,
 		Hostname: r.sandbox.Hostname,
 		Root:     &specs.Root{Path: "rootfs"},
 		Process: &specs.Process{
-			Args: r.args, Cwd: "/",
+			Args: args, Cwd: "/",
 			Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=xterm"},
 		},
 	}
@@ -157,20 +171,48 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 		return 1, err
 	}
 	a := sb.Agent()
-	var copies sync.WaitGroup
-	streams := func() {
-		copies.Add(2)
-		go func() { defer copies.Done(); io.Copy(stdout, a.StreamReader(ctx, cid, cid, false)) }()
-		go func() { defer copies.Done(); io.Copy(stderr, a.StreamReader(ctx, cid, cid, true)) }()
-	}
 	if err := a.StartContainer(ctx, cid); err != nil {
 		err = sb.explain(fmt.Errorf("start %q: %w", strings.Join(r.args, " "), err))
-		if status.Code(errors.Unwrap(err)) == codes.NotFound || status.Code(err) == codes.NotFound {
+		if status.Code(err) == codes.NotFound {
 			return exitNotExecutable, err
 		}
 		return 1, err
 	}
-	streams()
+	streamCtx, stopStreams := context.WithCancel(ctx)
+	defer stopStreams()
+	var copies sync.WaitGroup
+	copies.Add(2)
+	keepStatus := make(chan int, 1)
+	errOut := stderr
+	if r.keep {
+		errOut = &markerWriter{w: stderr, status: keepStatus}
+	}
+	go func() { defer copies.Done(); io.Copy(stdout, a.StreamReader(streamCtx, cid, cid, false)) }()
+	go func() { defer copies.Done(); io.Copy(errOut, a.StreamReader(streamCtx, cid, cid, true)) }()
+	if r.keep {
+		var code int
+		select {
+		case code = <-keepStatus:
+		case <-sb.Failed():
+			return 1, sb.Err()
+		case <-ctx.Done():
+			return 130, fmt.Errorf("interrupted: tearing the sandbox down")
+		}
+		stopStreams()
+		copies.Wait()
+		// The agent channel takes one host connection at a time: hand it
+		// over to kata-fsx exec and keep the pod alive until told.
+		sb.releaseAgent()
+		fmt.Fprintf(stderr, "kata-fsx run: --keep: the command exited with status %d; pod %s keeps running.\n"+
+			"  exec into it:  kata-fsx exec %s -- CMD [ARGS...]   (with the same --config)\n"+
+			"  stop it:       Ctrl-C or SIGTERM to this process\n", code, sb.ID, sb.ID)
+		select {
+		case <-ctx.Done():
+			return code, nil
+		case <-sb.Failed():
+			return 1, sb.Err()
+		}
+	}
 	type result struct {
 		code int32
 		err  error
@@ -199,10 +241,106 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 	case <-done:
 	case <-time.After(5 * time.Second):
 	}
-	if r.keep {
-		stopped = true
-		fmt.Fprintf(stderr, "kata-fsx run: --keep: sandbox %s left running in %s (QEMU pid %d, agent socket %s/agent.sock); stop it with: kill %d && rm -rf %s\n",
-			sb.ID, sb.Dir, sb.vm.Pid(), sb.Dir, sb.vm.Pid(), sb.Dir)
-	}
 	return int(res.code), nil
+}
+
+// markerWriter passes stderr through until the --keep wrapper's marker,
+// whose status it reports instead of printing.
+type markerWriter struct {
+	w      io.Writer
+	buf    []byte
+	status chan<- int
+	seen   bool
+}
+
+func (m *markerWriter) Write(p []byte) (int, error) {
+	if m.seen {
+		return len(p), nil
+	}
+	m.buf = append(m.buf, p...)
+	if i := strings.Index(string(m.buf), keepMarker); i >= 0 {
+		if j := strings.IndexByte(string(m.buf[i:]), '\n'); j >= 0 {
+			m.w.Write(m.buf[:i])
+			code, _ := strconv.Atoi(string(m.buf[i+len(keepMarker) : i+j]))
+			m.seen = true
+			m.status <- code
+		}
+		return len(p), nil
+	}
+	// Hold back only what could be the start of a marker.
+	keep := max(0, len(m.buf)-len(keepMarker))
+	if _, err := m.w.Write(m.buf[:keep]); err != nil {
+		return 0, err
+	}
+	m.buf = append(m.buf[:0], m.buf[keep:]...)
+	return len(p), nil
+}
+
+// ExecCommand is `kata-fsx exec ID -- CMD`: it runs a command in the
+// container of a pod that `kata-fsx run --keep` left running, and returns
+// the command's exit status.
+func ExecCommand(ctx context.Context, args []string, stdout, stderr io.Writer, defaultConfig string) int {
+	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgPath := fs.String("config", "", "configuration file (default: the usual lookup)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: kata-fsx exec [--config F] ID -- CMD [ARGS...]")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() < 2 {
+		fs.Usage()
+		return 2
+	}
+	id, cmd := fs.Arg(0), fs.Args()[1:]
+	if len(cmd) > 0 && cmd[0] == "--" {
+		cmd = cmd[1:]
+	}
+	if err := validSandboxID(id); err != nil || len(cmd) == 0 {
+		fs.Usage()
+		return 2
+	}
+	c, err := config.Load(*cfgPath, defaultConfig)
+	if err != nil {
+		fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
+		return 1
+	}
+	sock := filepath.Join(c.KataFSX.StateDir, id, "agent.sock")
+	if _, err := os.Stat(sock); err != nil {
+		fmt.Fprintf(stderr, "kata-fsx exec: no running pod %s (%v)\n", id, err)
+		return 1
+	}
+	a, err := agent.Dial(ctx, agent.SerialTransport{Path: sock}, 30*time.Second)
+	if err != nil {
+		fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
+		return 1
+	}
+	defer a.Close()
+	b := make([]byte, 6)
+	rand.Read(b)
+	eid := "exec-" + hex.EncodeToString(b)
+	err = a.ExecProcess(ctx, &pb.ExecProcessRequest{ContainerId: id, ExecId: eid, Process: &pb.Process{
+		Args: cmd, Cwd: "/", User: &pb.User{},
+		Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"},
+	}})
+	if err != nil {
+		fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
+		if status.Code(err) == codes.NotFound {
+			return exitNotExecutable
+		}
+		return 1
+	}
+	var copies sync.WaitGroup
+	copies.Add(2)
+	go func() { defer copies.Done(); io.Copy(stdout, a.StreamReader(ctx, id, eid, false)) }()
+	go func() { defer copies.Done(); io.Copy(stderr, a.StreamReader(ctx, id, eid, true)) }()
+	code, err := a.WaitProcess(ctx, id, eid)
+	if err != nil {
+		fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
+		return 1
+	}
+	copies.Wait()
+	return int(code)
 }

@@ -319,6 +319,16 @@ func (s *Sandbox) consoleTail() string {
 	return "; guest console (last lines):\n" + string(b)
 }
 
+// releaseAgent closes the sandbox's agent connection so another client
+// (kata-fsx exec) can take the channel; Stop then skips DestroySandbox and
+// quits QEMU.
+func (s *Sandbox) releaseAgent() {
+	if s.agent != nil {
+		s.agent.Close()
+		s.agent = nil
+	}
+}
+
 // Agent returns the connection to the guest agent.
 func (s *Sandbox) Agent() *agent.Client { return s.agent }
 

@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -182,4 +184,51 @@ func lastLine(s string) string {
 		return s[i+1:]
 	}
 	return s
+}
+
+func TestRunKeepThenExec(t *testing.T) {
+	e := newEnv(t, "")
+	rootfs := busyboxRootfs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, kataFSX(t), "run", "--config", e.config, "--id", "kept", "--backend", "virtio-9p", "--keep", "--rootfs", rootfs,
+		"--", "/bin/sh", "-c", "echo state > /tmp/kept; exit 4")
+	var out, errb syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for !strings.Contains(errb.String(), "exec into it") && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !strings.Contains(errb.String(), "exited with status 4") {
+		t.Fatalf("run --keep did not report the command's status:\n%s", errb.String())
+	}
+	r := e.run(ctx, "exec", "kept", "--", "/bin/sh", "-c", "cat /tmp/kept; exit 6")
+	if r.code != 6 || r.stdout != "state\n" {
+		t.Fatalf("exec: exit %d stdout %q stderr %s", r.code, r.stdout, r.stderr)
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	if err := cmd.Wait(); err == nil || cmd.ProcessState.ExitCode() != 4 {
+		t.Fatalf("run --keep after SIGINT: %v (exit %d), want the command's status 4\n%s", err, cmd.ProcessState.ExitCode(), errb.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer goroutine and a polling reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
