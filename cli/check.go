@@ -123,7 +123,11 @@ func hostChecks(c *config.Config, h *hostState) []checkLine {
 	if h.accel == "kvm" {
 		add(pass, "kvm", h.accelWhy, "")
 	} else {
-		add(warn, "kvm", "not usable: "+h.accelWhy+"; guests run under TCG, much slower", "load kvm_intel/kvm_amd and give the runtime access to /dev/kvm")
+		fix := "load kvm_intel/kvm_amd and give the runtime access to /dev/kvm"
+		if strings.Contains(h.accelWhy, "does not boot under KVM") {
+			fix = "this host's KVM (often nested virtualization) cannot run the guest; fix the host's KVM, or set kata_fsx.accelerator = \"tcg\" to skip the probe"
+		}
+		add(warn, "kvm", "not usable: "+h.accelWhy+"; guests run under TCG, much slower", fix)
 	}
 	if h.vsock {
 		add(pass, "vhost-vsock", "/dev/vhost-vsock usable: agent over vsock", "")
