@@ -1,0 +1,216 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
+)
+
+// blkWaitTimeout bounds the wait for a (possibly hot-plugged) block device.
+const blkWaitTimeout = 20 * time.Second
+
+// mountFlags maps mount(8) option words to flags; the rest is fs data.
+var mountFlags = map[string]struct {
+	clear bool
+	flag  uintptr
+}{
+	"ro": {false, unix.MS_RDONLY}, "rw": {true, unix.MS_RDONLY},
+	"nosuid": {false, unix.MS_NOSUID}, "suid": {true, unix.MS_NOSUID},
+	"nodev": {false, unix.MS_NODEV}, "dev": {true, unix.MS_NODEV},
+	"noexec": {false, unix.MS_NOEXEC}, "exec": {true, unix.MS_NOEXEC},
+	"sync": {false, unix.MS_SYNCHRONOUS}, "async": {true, unix.MS_SYNCHRONOUS},
+	"dirsync": {false, unix.MS_DIRSYNC}, "remount": {false, unix.MS_REMOUNT},
+	"bind": {false, unix.MS_BIND}, "rbind": {false, unix.MS_BIND | unix.MS_REC},
+	"noatime": {false, unix.MS_NOATIME}, "atime": {true, unix.MS_NOATIME},
+	"nodiratime": {false, unix.MS_NODIRATIME}, "diratime": {true, unix.MS_NODIRATIME},
+	"relatime": {false, unix.MS_RELATIME}, "norelatime": {true, unix.MS_RELATIME},
+	"strictatime": {false, unix.MS_STRICTATIME},
+	"private":     {false, unix.MS_PRIVATE}, "rprivate": {false, unix.MS_PRIVATE | unix.MS_REC},
+	"shared": {false, unix.MS_SHARED}, "rshared": {false, unix.MS_SHARED | unix.MS_REC},
+	"slave": {false, unix.MS_SLAVE}, "rslave": {false, unix.MS_SLAVE | unix.MS_REC},
+	"defaults": {false, 0},
+}
+
+// parseMountOptions splits mount(8)-style options into flags and data.
+func parseMountOptions(opts []string) (uintptr, string) {
+	var flags uintptr
+	var data []string
+	for _, o := range opts {
+		if f, ok := mountFlags[o]; ok {
+			if f.clear {
+				flags &^= f.flag
+			} else {
+				flags |= f.flag
+			}
+			continue
+		}
+		data = append(data, o)
+	}
+	return flags, strings.Join(data, ",")
+}
+
+// mountStorage mounts one Kata Storage and returns its mount point.
+func mountStorage(ctx context.Context, s *pb.Storage) (string, error) {
+	mp := s.GetMountPoint()
+	if !filepath.IsAbs(mp) {
+		return "", fmt.Errorf("storage %q: mount point %q is not absolute", s.GetDriver(), mp)
+	}
+	mp = filepath.Clean(mp)
+	if err := os.MkdirAll(mp, 0o755); err != nil {
+		return "", fmt.Errorf("storage %q: %w", s.GetDriver(), err)
+	}
+	flags, data := parseMountOptions(s.GetOptions())
+	source, fstype := s.GetSource(), s.GetFstype()
+	switch s.GetDriver() {
+	case "virtio-fs":
+		if fstype == "" {
+			fstype = "virtiofs"
+		}
+	case "9p":
+		if fstype == "" {
+			fstype = "9p"
+		}
+		data = addDefault(data, "trans", "virtio")
+		data = addDefault(data, "version", "9p2000.L")
+	case "blk", "virtio-blk", "virtio-blk-pci":
+		dev, err := findBlockDevice(ctx, source)
+		if err != nil {
+			return "", fmt.Errorf("storage blk %q: %w", source, err)
+		}
+		source = dev
+	case "ephemeral":
+		if fstype == "" {
+			fstype = "tmpfs"
+		}
+		source = "tmpfs"
+	case "local", "bind":
+		// A guest directory, bound as is.
+		flags |= unix.MS_BIND
+	default:
+		return "", fmt.Errorf("storage driver %q is not supported by the test agent", s.GetDriver())
+	}
+	if err := unix.Mount(source, mp, fstype, flags, data); err != nil {
+		return "", fmt.Errorf("mount %s (%s, %s, %q) on %s: %w", source, s.GetDriver(), fstype, data, mp, err)
+	}
+	return mp, nil
+}
+
+func addDefault(data, key, value string) string {
+	for _, kv := range strings.Split(data, ",") {
+		if kv == key || strings.HasPrefix(kv, key+"=") {
+			return data
+		}
+	}
+	if data == "" {
+		return key + "=" + value
+	}
+	return data + "," + key + "=" + value
+}
+
+var pciSlot = regexp.MustCompile(`^[0-9a-fA-F]{1,2}$`)
+
+// parsePCIPath parses Kata's PCI path: slot numbers (hex) from the root bus
+// down through bridges, e.g. "02/01".
+func parsePCIPath(p string) ([]uint8, error) {
+	parts := strings.Split(p, "/")
+	if len(parts) == 0 || len(parts) > 8 {
+		return nil, fmt.Errorf("PCI path %q: want 1 to 8 slots", p)
+	}
+	slots := make([]uint8, 0, len(parts))
+	for _, part := range parts {
+		if !pciSlot.MatchString(part) {
+			return nil, fmt.Errorf("PCI path %q: bad slot %q", p, part)
+		}
+		v, err := strconv.ParseUint(part, 16, 8)
+		if err != nil || v > 0x1f {
+			return nil, fmt.Errorf("PCI path %q: slot %q out of range", p, part)
+		}
+		slots = append(slots, uint8(v))
+	}
+	return slots, nil
+}
+
+// pciDeviceDir walks a PCI path from the root bus: each slot is function 0
+// of that slot on the bus behind the previous bridge.
+func pciDeviceDir(sysDevices string, slots []uint8) (string, error) {
+	roots, err := filepath.Glob(filepath.Join(sysDevices, "pci0000:*"))
+	if err != nil || len(roots) == 0 {
+		return "", errors.New("no PCI root bus in sysfs")
+	}
+	dir := roots[0]
+	for i, slot := range slots {
+		suffix := fmt.Sprintf(":%02x.0", slot)
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return "", err
+		}
+		found := ""
+		for _, e := range entries {
+			n := e.Name()
+			// Children are named DDDD:BB:SS.F; the bus part is whatever the
+			// firmware assigned behind the bridge.
+			if len(n) == 12 && strings.HasSuffix(n, suffix) && n[4] == ':' {
+				found = n
+				break
+			}
+		}
+		if found == "" {
+			return "", fmt.Errorf("no PCI device at slot %02x (path element %d) under %s", slot, i+1, dir)
+		}
+		dir = filepath.Join(dir, found)
+	}
+	return dir, nil
+}
+
+// findBlockDevice resolves a storage source (a PCI path, or a /dev path) to
+// the /dev node of its disk, waiting for hot-plugged devices to appear.
+func findBlockDevice(ctx context.Context, source string) (string, error) {
+	if strings.HasPrefix(source, "/dev/") {
+		return source, nil
+	}
+	slots, err := parsePCIPath(source)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, blkWaitTimeout)
+	defer cancel()
+	var lastErr error
+	for {
+		dev, err := blockNodeAt("/sys/devices", slots)
+		if err == nil {
+			if _, serr := os.Stat(dev); serr == nil {
+				return dev, nil
+			}
+			err = fmt.Errorf("%s not yet in /dev", dev)
+		}
+		lastErr = err
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("waiting for block device: %w (last: %w)", ctx.Err(), lastErr)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// blockNodeAt names the /dev node of the virtio disk at a PCI path.
+func blockNodeAt(sysDevices string, slots []uint8) (string, error) {
+	dir, err := pciDeviceDir(sysDevices, slots)
+	if err != nil {
+		return "", err
+	}
+	matches, _ := filepath.Glob(filepath.Join(dir, "virtio*", "block", "*"))
+	if len(matches) == 0 {
+		return "", fmt.Errorf("no virtio block disk under %s", dir)
+	}
+	return filepath.Join("/dev", filepath.Base(matches[0])), nil
+}
