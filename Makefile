@@ -16,7 +16,7 @@ RUNDIR     ?= /run/kata-fsx
 STATEDIR   ?= /var/lib/kata-fsx/imagefs-blk
 
 LDFLAGS    := -X github.com/kata-fsx/kata-fsx/cli.Version=$(VERSION)
-BINARIES   := kata-fsx
+BINARIES   := kata-fsx containerd-shim-kata-fsx-v2
 
 .PHONY: all build test lint fuzz install clean guest bench bench-image
 

@@ -371,6 +371,24 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) error {
 	return nil
 }
 
+// RemoveContainer removes a container from the guest and releases its
+// rootfs share on the host; an imagefs-blk disk stays until Stop (no
+// hot-unplug yet).
+func (s *Sandbox) RemoveContainer(ctx context.Context, cid string, timeout time.Duration) error {
+	var errs []error
+	if s.Err() == nil && s.agent != nil {
+		if err := s.agent.RemoveContainer(ctx, cid, timeout); err != nil {
+			errs = append(errs, s.explain(fmt.Errorf("container %s: %w", cid, err)))
+		}
+	}
+	if s.shared != nil && (s.Decision.Backend == config.SharedFSVirtioFS || s.Decision.Backend == config.SharedFS9P) {
+		if err := s.shared.Unbind(cid); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Stop tears the sandbox down: the guest (DestroySandbox, then QEMU), the
 // backend daemons, mounts, sockets and the sandbox directory. It is safe
 // to call more than once and after a failure.

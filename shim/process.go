@@ -1,0 +1,294 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/fifo"
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+
+	"github.com/kata-fsx/kata-fsx/shim/agent"
+	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
+)
+
+// procState is where a task process is in its life; the only moves are
+// created -> running -> stopped and created -> stopped.
+type procState int
+
+const (
+	procCreated procState = iota
+	procRunning
+	procStopped
+)
+
+func (s procState) String() string {
+	switch s {
+	case procCreated:
+		return "created"
+	case procRunning:
+		return "running"
+	case procStopped:
+		return "stopped"
+	}
+	return "unknown"
+}
+
+// exitSandboxFailed is the status of processes of a pod whose VM died.
+const exitSandboxFailed = 255
+
+// stdio are the fifo paths containerd gave for a process.
+type stdio struct {
+	stdin, stdout, stderr string
+	terminal              bool
+}
+
+// process is a task's init process or one of its execs, living in the guest.
+type process struct {
+	containerID string
+	execID      string // "" for the init process
+	agentExecID string // the agent's name for it: the container id for init
+	io          stdio
+	// agentProcess is an exec's process as the agent takes it, kept from Exec to Start.
+	agentProcess *pb.Process
+
+	mu         sync.Mutex
+	state      procState
+	exitStatus uint32
+	exitedAt   time.Time
+	waitBlock  chan struct{} // closed once the process stopped
+
+	// stdin forwards the stdin fifo to the guest; nil without one.
+	stdin *stdinPump
+
+	ioMu     sync.Mutex // guards ioCancel and closers: exits and kills race with each other
+	ioCancel context.CancelFunc
+	copies   sync.WaitGroup
+	closers  []io.Closer
+}
+
+// newProcess makes a process; agentID is its name in the agent, which must
+// stay unique for the container's life (the agent may remember exited execs).
+func newProcess(cid, execID, agentID string, io stdio) *process {
+	return &process{containerID: cid, execID: execID, agentExecID: agentID, io: io, waitBlock: make(chan struct{})}
+}
+
+func (p *process) status() (procState, uint32, time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.state, p.exitStatus, p.exitedAt
+}
+
+// transition moves the process on, rejecting illegal moves.
+func (p *process) setRunning() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.state != procCreated {
+		return fmt.Errorf("cannot start a process in %s state", p.state)
+	}
+	p.state = procRunning
+	return nil
+}
+
+// setExited records the exit once; it reports whether this call did.
+func (p *process) setExited(status uint32) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.state == procStopped {
+		return false
+	}
+	p.state, p.exitStatus, p.exitedAt = procStopped, status, time.Now()
+	close(p.waitBlock)
+	return true
+}
+
+// startIO opens the process's fifos and copies the agent's streams into
+// them (and the stdin fifo into the agent) until the streams end.
+func (p *process) startIO(ctx context.Context, a *agent.Client) error {
+	ctx, cancel := context.WithCancel(ctx)
+	p.ioMu.Lock()
+	p.ioCancel = cancel
+	p.ioMu.Unlock()
+	open := func(path string, flag int) (io.ReadWriteCloser, error) {
+		// O_NONBLOCK: the open completes in the background, so a reader
+		// that comes late (or never) cannot block the RPC.
+		f, err := fifo.OpenFifo(ctx, path, flag|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", path, err)
+		}
+		p.ioMu.Lock()
+		p.closers = append(p.closers, f)
+		p.ioMu.Unlock()
+		return f, nil
+	}
+	for _, s := range []struct {
+		path   string
+		stderr bool
+	}{{p.io.stdout, false}, {p.io.stderr, true}} {
+		if s.path == "" {
+			continue
+		}
+		w, err := open(s.path, syscall.O_WRONLY)
+		if err != nil {
+			p.closeIO()
+			return err
+		}
+		r := a.StreamReader(ctx, p.containerID, p.agentExecID, s.stderr)
+		p.copies.Add(1)
+		go func() {
+			defer p.copies.Done()
+			if _, err := io.Copy(w, r); err != nil && !errors.Is(err, context.Canceled) {
+				log.G(ctx).WithError(err).Debugf("%s/%s: output copy ended", p.containerID, p.agentExecID)
+			}
+		}()
+	}
+	if p.io.stdin != "" {
+		r, err := open(p.io.stdin, syscall.O_RDONLY)
+		if err != nil {
+			p.closeIO()
+			return err
+		}
+		sc, ok := r.(syscall.Conn)
+		if !ok {
+			p.closeIO()
+			return fmt.Errorf("stdin fifo %s: no raw access", p.io.stdin)
+		}
+		raw, err := sc.SyscallConn()
+		if err != nil {
+			p.closeIO()
+			return fmt.Errorf("stdin fifo %s: %w", p.io.stdin, err)
+		}
+		p.stdin = &stdinPump{raw: raw, done: make(chan struct{})}
+		go p.stdin.run(ctx, a, p.containerID, p.agentExecID)
+	}
+	return nil
+}
+
+// finishIO lets the output copies drain (bounded: the agent may never
+// end a stream of a process whose VM died) and closes the fifos, which
+// tells containerd the output is complete.
+func (p *process) finishIO(grace time.Duration) {
+	done := make(chan struct{})
+	go func() { p.copies.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+	}
+	p.closeIO()
+}
+
+func (p *process) closeIO() {
+	p.ioMu.Lock()
+	defer p.ioMu.Unlock()
+	if p.ioCancel != nil {
+		p.ioCancel()
+	}
+	for _, c := range p.closers {
+		c.Close()
+	}
+	p.closers = nil
+}
+
+// stdinPump copies a stdin fifo into a guest process. CloseIO (ctr sends
+// it when its own stdin ends, before it closes the fifo, and waits for the
+// answer) must forward what is already in the fifo and then close the
+// process's stdin: mu makes "the fifo is empty and nothing read is still
+// on its way" one observation.
+type stdinPump struct {
+	raw  syscall.RawConn
+	done chan struct{} // closed when run returns
+
+	mu      sync.Mutex
+	opened  bool // the fifo is open (a read was attempted)
+	busy    bool // a chunk was read and is not yet in the guest
+	closing bool // stdin was closed on request: read no more
+}
+
+func (s *stdinPump) run(ctx context.Context, a *agent.Client, cid, execID string) {
+	defer close(s.done)
+	buf := make([]byte, 32<<10)
+	for {
+		var n int
+		var rerr error
+		err := s.raw.Read(func(fd uintptr) bool {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.opened = true
+			if s.closing {
+				rerr = errStdinClosed
+				return true
+			}
+			n, rerr = unix.Read(int(fd), buf)
+			if errors.Is(rerr, unix.EAGAIN) {
+				return false
+			}
+			if rerr == nil && n == 0 {
+				rerr = io.EOF
+			}
+			s.busy = n > 0
+			return true
+		})
+		if err == nil {
+			err = rerr
+		}
+		if n > 0 {
+			_, werr := a.WriteStdin(ctx, cid, execID, buf[:n])
+			s.mu.Lock()
+			s.busy = false
+			s.mu.Unlock()
+			if werr != nil {
+				log.G(ctx).WithError(werr).Debugf("%s/%s: stdin copy ended", cid, execID)
+				return
+			}
+		}
+		if err != nil {
+			s.mu.Lock()
+			closing := s.closing
+			s.closing = true
+			s.mu.Unlock()
+			if errors.Is(err, io.EOF) && !closing && ctx.Err() == nil {
+				// The writer closed the fifo: the process sees its stdin end.
+				if cerr := a.CloseStdin(ctx, cid, execID); cerr != nil {
+					log.G(ctx).WithError(cerr).Debugf("%s/%s: close stdin", cid, execID)
+				}
+			}
+			return
+		}
+	}
+}
+
+var errStdinClosed = errors.New("stdin closed")
+
+// drained waits until everything written into the fifo so far reached the
+// guest and then stops the pump; it reports false when the pump already
+// ended (and closed stdin itself, or failed).
+func (s *stdinPump) drained(ctx context.Context, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		s.mu.Lock()
+		select {
+		case <-s.done:
+			s.mu.Unlock()
+			return false
+		default:
+		}
+		avail := 0
+		if s.opened {
+			_ = s.raw.Control(func(fd uintptr) {
+				avail, _ = unix.IoctlGetInt(int(fd), unix.TIOCINQ) // FIONREAD
+			})
+		}
+		if (avail == 0 && !s.busy) || time.Now().After(deadline) || ctx.Err() != nil {
+			s.closing = true
+			s.mu.Unlock()
+			return true
+		}
+		s.mu.Unlock()
+		time.Sleep(10 * time.Millisecond)
+	}
+}

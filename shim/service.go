@@ -1,0 +1,715 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	eventsapi "github.com/containerd/containerd/api/events"
+	taskapi "github.com/containerd/containerd/api/runtime/task/v2"
+	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
+	tasktypes "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/emptypb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/kata-fsx/kata-fsx/config"
+	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
+)
+
+// ioGrace bounds how long an exited process's output may still drain.
+const ioGrace = 5 * time.Second
+
+// stdinDrainTimeout bounds how long CloseIO waits for what is in the stdin
+// fifo to reach the guest before closing the process's stdin regardless.
+const stdinDrainTimeout = 5 * time.Second
+
+// Errors as containerd's errdefs understands them over ttrpc.
+func errNotFound(format string, a ...any) error {
+	return status.Errorf(codes.NotFound, format, a...)
+}
+func errAlreadyExists(format string, a ...any) error {
+	return status.Errorf(codes.AlreadyExists, format, a...)
+}
+func errPrecondition(format string, a ...any) error {
+	return status.Errorf(codes.FailedPrecondition, format, a...)
+}
+func errInvalid(format string, a ...any) error {
+	return status.Errorf(codes.InvalidArgument, format, a...)
+}
+func errUnimplemented(format string, a ...any) error {
+	return status.Errorf(codes.Unimplemented, format, a...)
+}
+
+// toStatus gives errors without a status code one containerd can log.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	return status.Error(codes.Unknown, err.Error())
+}
+
+// container is one task: its bundle, its init process and its execs.
+type container struct {
+	id            string
+	bundle        string
+	spec          *specs.Spec
+	rootfsMounted bool
+	init          *process
+	execs         map[string]*process
+	execSeq       uint64 // numbers exec processes so a reused exec id is new to the agent
+}
+
+type serviceOptions struct {
+	namespace     string
+	group         string // the pod's sandbox id
+	events        *forwarder
+	defaultConfig string
+}
+
+// service is the containerd Task API of one pod.
+type service struct {
+	ctx  context.Context // the server's lifetime
+	opts serviceOptions
+
+	// bootMu serializes sandbox creation without holding mu across the
+	// VM boot, so State and Wait stay answerable meanwhile.
+	bootMu sync.Mutex
+
+	mu         sync.Mutex // guards the fields below
+	sandbox    *Sandbox
+	sbCancel   context.CancelFunc
+	containers map[string]*container
+
+	done     chan struct{}
+	doneOnce sync.Once
+}
+
+var _ taskapi.TaskService = (*service)(nil)
+
+func newService(ctx context.Context, o serviceOptions) *service {
+	return &service{ctx: ctx, opts: o, containers: map[string]*container{}, done: make(chan struct{})}
+}
+
+// Done is closed when the server should exit.
+func (s *service) Done() <-chan struct{} { return s.done }
+
+func (s *service) log(id string) *log.Entry {
+	return log.G(s.ctx).WithField("pod", s.opts.group).WithField("container", id)
+}
+
+func (s *service) lookup(id, execID string) (*container, *process, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.containers[id]
+	if !ok {
+		return nil, nil, errNotFound("container %s not found", id)
+	}
+	if execID == "" {
+		return c, c.init, nil
+	}
+	p, ok := c.execs[execID]
+	if !ok {
+		return nil, nil, errNotFound("exec %s of container %s not found", execID, id)
+	}
+	return c, p, nil
+}
+
+// pid is what the shim reports as a process's pid: guest pids mean
+// nothing on the host, so every process of the pod reports the shim.
+func (s *service) pid() uint32 { return uint32(os.Getpid()) }
+
+// Create creates a container: the pod's sandbox container boots the VM.
+func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *taskapi.CreateTaskResponse, err error) {
+	if r.Terminal {
+		return nil, errUnimplemented("container %s: terminals are not supported by kata-fsx yet; run without -t", r.ID)
+	}
+	if r.Checkpoint != "" || r.ParentCheckpoint != "" {
+		return nil, errUnimplemented("container %s: checkpoint/restore is not supported", r.ID)
+	}
+	if err := validSandboxID(r.ID); err != nil {
+		return nil, errInvalid("%v", err)
+	}
+	spec, err := readBundleSpec(r.Bundle)
+	if err != nil {
+		return nil, errInvalid("container %s: %v", r.ID, err)
+	}
+	s.bootMu.Lock()
+	defer s.bootMu.Unlock()
+	s.mu.Lock()
+	_, exists := s.containers[r.ID]
+	s.mu.Unlock()
+	if exists {
+		return nil, errAlreadyExists("container %s already exists", r.ID)
+	}
+	c := &container{id: r.ID, bundle: r.Bundle, spec: spec, execs: map[string]*process{},
+		init: newProcess(r.ID, "", r.ID, stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr})}
+	mounts := make([]config.Mount, 0, len(r.Rootfs))
+	for _, m := range r.Rootfs {
+		mounts = append(mounts, config.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
+	}
+	rootfsDir := filepath.Join(r.Bundle, "rootfs")
+	rootfs := config.RootfsFromMounts(mounts, rootfsDir)
+	defer func() {
+		if err != nil && c.rootfsMounted {
+			if uerr := unmountRootfs(rootfsDir); uerr != nil {
+				s.log(r.ID).WithError(uerr).Warn("unmount rootfs after failed create")
+			}
+		}
+	}()
+
+	s.mu.Lock()
+	sb := s.sandbox
+	s.mu.Unlock()
+	owns := false
+	if sb == nil {
+		if podGroup(r.ID, spec.Annotations) != r.ID || r.ID != s.opts.group {
+			return nil, errPrecondition("container %s: pod %s has no sandbox in this shim", r.ID, s.opts.group)
+		}
+		if sb, err = s.createSandbox(ctx, r, spec, rootfs); err != nil {
+			return nil, toStatus(err)
+		}
+		owns = true
+		defer func() {
+			if err != nil {
+				s.stopSandbox(context.Background())
+			}
+		}()
+	} else if err := sb.Err(); err != nil {
+		return nil, errPrecondition("container %s: %v", r.ID, err)
+	} else {
+		s.log(r.ID).Infof("container %s joins pod %s (backend %s)", r.ID, sb.ID, sb.Decision.Backend)
+	}
+	if err := writeBundleState(r.Bundle, bundleState{SandboxID: sb.ID, SandboxDir: sb.Dir, OwnsSandbox: owns}); err != nil {
+		return nil, toStatus(err)
+	}
+	if sb.Decision.Backend != config.SharedFSImagefsBlk && len(mounts) > 0 {
+		if err := mountRootfs(mounts, rootfsDir); err != nil {
+			return nil, toStatus(fmt.Errorf("container %s: %w", r.ID, err))
+		}
+		c.rootfsMounted = true
+	}
+	if err := sb.CreateContainer(ctx, ContainerSpec{ID: r.ID, RootfsDir: rootfsDir, OCI: guestSpec(spec)}); err != nil {
+		if !owns {
+			// Release the rootfs share; the pod and its other containers stay.
+			_ = sb.RemoveContainer(context.Background(), r.ID, 5*time.Second)
+		}
+		return nil, toStatus(err)
+	}
+	if err := c.init.startIO(s.ctx, sb.Agent()); err != nil {
+		_ = sb.RemoveContainer(context.Background(), r.ID, 5*time.Second)
+		return nil, toStatus(fmt.Errorf("container %s: stdio: %w", r.ID, err))
+	}
+	s.mu.Lock()
+	s.containers[r.ID] = c
+	s.mu.Unlock()
+	s.opts.events.send(&eventsapi.TaskCreate{
+		ContainerID: r.ID, Bundle: r.Bundle, Rootfs: r.Rootfs, Pid: s.pid(),
+		IO: &eventsapi.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
+	})
+	return &taskapi.CreateTaskResponse{Pid: s.pid()}, nil
+}
+
+// createSandbox boots the pod VM for its first container. The VM lives
+// with the server, not the request, but a request cancelled during the
+// boot aborts it.
+func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskRequest, spec *specs.Spec, rootfs config.Rootfs) (*Sandbox, error) {
+	cfgPath, err := configPathOption(r.Options)
+	if err != nil {
+		return nil, errInvalid("container %s: %v", r.ID, err)
+	}
+	cfg, err := configFromOptions(cfgPath, s.opts.defaultConfig)
+	if err != nil {
+		return nil, errInvalid("container %s: %v", r.ID, err)
+	}
+	sbCtx, sbCancel := context.WithCancel(s.ctx)
+	booted := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			sbCancel()
+		case <-booted:
+		}
+	}()
+	hostname := spec.Hostname
+	sb, err := NewSandbox(sbCtx, SandboxSpec{ID: r.ID, Config: cfg, Annotations: spec.Annotations, Rootfs: rootfs, Hostname: hostname})
+	close(booted)
+	if err != nil {
+		sbCancel()
+		return nil, err
+	}
+	if sbCtx.Err() != nil {
+		_ = sb.Stop(context.Background())
+		sbCancel()
+		return nil, fmt.Errorf("container %s: create cancelled: %w", r.ID, ctx.Err())
+	}
+	s.log(r.ID).Infof("sandbox %s: config %s; backend %s: %s", sb.ID, cfg.Path, sb.Decision.Backend, sb.Decision.Reason)
+	s.mu.Lock()
+	s.sandbox, s.sbCancel = sb, sbCancel
+	s.mu.Unlock()
+	go s.watchSandbox(sb)
+	return sb, nil
+}
+
+// watchSandbox ends every process of a pod whose VM died with a failure
+// status, so containerd sees the tasks exit.
+func (s *service) watchSandbox(sb *Sandbox) {
+	select {
+	case <-sb.Failed():
+	case <-s.done:
+		return
+	}
+	s.log(sb.ID).WithError(sb.Err()).Error("pod VM died")
+	s.mu.Lock()
+	var procs []*process
+	for _, c := range s.containers {
+		procs = append(procs, c.init)
+		for _, p := range c.execs {
+			procs = append(procs, p)
+		}
+	}
+	s.mu.Unlock()
+	for _, p := range procs {
+		if st, _, _ := p.status(); st == procCreated {
+			s.exited(p, exitSandboxFailed)
+		}
+	}
+}
+
+// configPathOption reads ConfigPath from containerd's runtime options
+// (runtimeoptions.v1.Options); other option types carry no config path.
+func configPathOption(a *anypb.Any) (string, error) {
+	if a == nil || len(a.Value) == 0 {
+		return "", nil
+	}
+	if !strings.HasSuffix(a.TypeUrl, "runtimeoptions.v1.Options") {
+		log.L.Debugf("runtime options of type %s carry no ConfigPath", a.TypeUrl)
+		return "", nil
+	}
+	var o runtimeoptions.Options
+	if err := proto.Unmarshal(a.Value, &o); err != nil {
+		return "", fmt.Errorf("runtime options: %w", err)
+	}
+	return o.ConfigPath, nil
+}
+
+// guestSpec adapts containerd's OCI spec for the guest: cgroup mounts and
+// host devices belong to the host, the VM stands in for them.
+func guestSpec(s *specs.Spec) *specs.Spec {
+	out := *s
+	out.Mounts = nil
+	for _, m := range s.Mounts {
+		if m.Type == "cgroup" || m.Type == "cgroup2" {
+			continue
+		}
+		out.Mounts = append(out.Mounts, m)
+	}
+	return &out
+}
+
+// Start starts the init process of a container or one of its execs.
+func (s *service) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.StartResponse, error) {
+	c, p, err := s.lookup(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	sb := s.currentSandbox()
+	if sb == nil {
+		return nil, errPrecondition("container %s: the pod has no sandbox", r.ID)
+	}
+	if err := sb.Err(); err != nil {
+		return nil, errPrecondition("container %s: %v", r.ID, err)
+	}
+	if err := p.setRunning(); err != nil {
+		return nil, errPrecondition("container %s: %v", r.ID, err)
+	}
+	a := sb.Agent()
+	if r.ExecID == "" {
+		err = a.StartContainer(ctx, c.id)
+	} else {
+		err = s.execInGuest(ctx, c, p)
+	}
+	if err != nil {
+		err = sb.explain(err)
+		s.exited(p, exitNotExecutable)
+		if status.Code(err) == codes.NotFound {
+			return nil, errNotFound("%v", err)
+		}
+		return nil, toStatus(err)
+	}
+	if r.ExecID != "" {
+		if err := p.startIO(s.ctx, a); err != nil {
+			_ = a.SignalProcess(context.Background(), c.id, p.agentExecID, syscall.SIGKILL)
+			return nil, toStatus(err)
+		}
+	}
+	go s.waitExit(sb, p)
+	if r.ExecID == "" {
+		s.opts.events.send(&eventsapi.TaskStart{ContainerID: c.id, Pid: s.pid()})
+	} else {
+		s.opts.events.send(&eventsapi.TaskExecStarted{ContainerID: c.id, ExecID: r.ExecID, Pid: s.pid()})
+	}
+	return &taskapi.StartResponse{Pid: s.pid()}, nil
+}
+
+// execInGuest starts an exec process in the agent from its recorded spec.
+func (s *service) execInGuest(ctx context.Context, c *container, p *process) error {
+	return s.currentSandbox().Agent().ExecProcess(ctx, &pb.ExecProcessRequest{ContainerId: c.id, ExecId: p.agentExecID, Process: p.agentProcess})
+}
+
+func (s *service) currentSandbox() *Sandbox {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sandbox
+}
+
+// waitExit waits for a process in the guest, or for the death of the VM,
+// and records and publishes its exit.
+func (s *service) waitExit(sb *Sandbox, p *process) {
+	type result struct {
+		code int32
+		err  error
+	}
+	waited := make(chan result, 1)
+	go func() {
+		code, err := sb.Agent().WaitProcess(s.ctx, p.containerID, p.agentExecID)
+		waited <- result{code, err}
+	}()
+	var code uint32
+	select {
+	case res := <-waited:
+		if res.err != nil {
+			s.log(p.containerID).WithError(sb.explain(res.err)).Errorf("wait for %s", p.agentExecID)
+			code = exitSandboxFailed
+		} else {
+			code = uint32(res.code)
+		}
+	case <-sb.Failed():
+		code = exitSandboxFailed
+	case <-s.done:
+		code = exitSandboxFailed
+	}
+	p.finishIO(ioGrace)
+	s.exited(p, code)
+}
+
+// exited records a process's exit and publishes it once.
+func (s *service) exited(p *process, code uint32) {
+	if p.io.stdout != "" || p.io.stderr != "" {
+		p.closeIO()
+	}
+	if !p.setExited(code) {
+		return
+	}
+	_, _, at := p.status()
+	id := p.execID
+	if id == "" {
+		id = p.containerID
+	}
+	s.opts.events.send(&eventsapi.TaskExit{ContainerID: p.containerID, ID: id, Pid: s.pid(), ExitStatus: code, ExitedAt: timestamppb.New(at)})
+}
+
+// Delete removes an exec, or a container once its init stopped; the
+// pod's last container takes the VM with it.
+func (s *service) Delete(ctx context.Context, r *taskapi.DeleteRequest) (*taskapi.DeleteResponse, error) {
+	c, p, err := s.lookup(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	st, code, at := p.status()
+	if st == procRunning {
+		return nil, errPrecondition("cannot delete %s: process is running", describe(r.ID, r.ExecID))
+	}
+	if r.ExecID != "" {
+		s.mu.Lock()
+		delete(c.execs, r.ExecID)
+		s.mu.Unlock()
+		return &taskapi.DeleteResponse{Pid: s.pid(), ExitStatus: code, ExitedAt: timestamppb.New(at)}, nil
+	}
+	if st == procCreated {
+		s.exited(p, 0)
+		_, code, at = p.status()
+	}
+	sb := s.currentSandbox()
+	var errs []error
+	if sb != nil {
+		if err := sb.RemoveContainer(ctx, c.id, 10*time.Second); err != nil {
+			// The guest side is best effort: the container is gone for containerd either way.
+			s.log(c.id).WithError(err).Warn("remove container")
+		}
+	}
+	s.mu.Lock()
+	delete(s.containers, c.id)
+	last := len(s.containers) == 0
+	s.mu.Unlock()
+	if last {
+		// Tear the VM down before the rootfs unmount, so virtiofsd lets go of it.
+		if err := s.stopSandbox(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.rootfsMounted {
+		if err := unmountRootfs(filepath.Join(c.bundle, "rootfs")); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.opts.events.send(&eventsapi.TaskDelete{ContainerID: c.id, ID: c.id, Pid: s.pid(), ExitStatus: code, ExitedAt: timestamppb.New(at)})
+	if err := errors.Join(errs...); err != nil {
+		return nil, toStatus(fmt.Errorf("delete %s: %w", c.id, err))
+	}
+	return &taskapi.DeleteResponse{Pid: s.pid(), ExitStatus: code, ExitedAt: timestamppb.New(at)}, nil
+}
+
+func describe(id, execID string) string {
+	if execID == "" {
+		return "container " + id
+	}
+	return "exec " + execID + " of container " + id
+}
+
+// stopSandbox tears the pod VM down; it is a no-op when there is none.
+func (s *service) stopSandbox(ctx context.Context) error {
+	s.mu.Lock()
+	sb, cancel := s.sandbox, s.sbCancel
+	s.sandbox, s.sbCancel = nil, nil
+	s.mu.Unlock()
+	if sb == nil {
+		return nil
+	}
+	err := sb.Stop(ctx)
+	if cancel != nil {
+		cancel()
+	}
+	if err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", sb.ID, err)
+	}
+	s.log(sb.ID).Info("sandbox stopped")
+	return nil
+}
+
+// stopAll is the server's last word: nothing of the pod may outlive it.
+func (s *service) stopAll(ctx context.Context) {
+	s.doneOnce.Do(func() { close(s.done) })
+	if err := s.stopSandbox(ctx); err != nil {
+		log.G(ctx).WithError(err).Error("teardown")
+	}
+	s.mu.Lock()
+	var bundles []string
+	for _, c := range s.containers {
+		if c.rootfsMounted {
+			bundles = append(bundles, c.bundle)
+		}
+	}
+	s.mu.Unlock()
+	for _, b := range bundles {
+		_ = unmountRootfs(filepath.Join(b, "rootfs"))
+	}
+}
+
+// Exec adds an exec process to a running container; Start starts it.
+func (s *service) Exec(ctx context.Context, r *taskapi.ExecProcessRequest) (*emptypb.Empty, error) {
+	if r.Terminal {
+		return nil, errUnimplemented("exec %s: terminals are not supported by kata-fsx yet; run without -t", r.ExecID)
+	}
+	if err := validSandboxID(r.ExecID); err != nil {
+		return nil, errInvalid("exec id: %v", err)
+	}
+	if r.Spec == nil {
+		return nil, errInvalid("exec %s: no process spec", r.ExecID)
+	}
+	var ps specs.Process
+	if err := json.Unmarshal(r.Spec.Value, &ps); err != nil {
+		return nil, errInvalid("exec %s: process spec: %v", r.ExecID, err)
+	}
+	as, err := agentSpec(&specs.Spec{Process: &ps}, "/", false)
+	if err != nil {
+		return nil, errInvalid("exec %s: %v", r.ExecID, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.containers[r.ID]
+	if !ok {
+		return nil, errNotFound("container %s not found", r.ID)
+	}
+	if st, _, _ := c.init.status(); st != procRunning {
+		return nil, errPrecondition("container %s is %s: exec needs it running", r.ID, st)
+	}
+	if _, ok := c.execs[r.ExecID]; ok {
+		return nil, errAlreadyExists("exec %s already exists in container %s", r.ExecID, r.ID)
+	}
+	c.execSeq++
+	p := newProcess(r.ID, r.ExecID, fmt.Sprintf("%s.%d", r.ExecID, c.execSeq), stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr})
+	c.execs[r.ExecID] = p
+	p.agentProcess = as.Process
+	s.opts.events.send(&eventsapi.TaskExecAdded{ContainerID: r.ID, ExecID: r.ExecID})
+	return &emptypb.Empty{}, nil
+}
+
+// State reports a process's state.
+func (s *service) State(ctx context.Context, r *taskapi.StateRequest) (*taskapi.StateResponse, error) {
+	c, p, err := s.lookup(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	st, code, at := p.status()
+	resp := &taskapi.StateResponse{
+		ID: r.ID, ExecID: r.ExecID, Bundle: c.bundle, Pid: s.pid(),
+		Stdin: p.io.stdin, Stdout: p.io.stdout, Stderr: p.io.stderr, Terminal: p.io.terminal,
+	}
+	switch st {
+	case procCreated:
+		resp.Status = tasktypes.Status_CREATED
+	case procRunning:
+		resp.Status = tasktypes.Status_RUNNING
+	case procStopped:
+		resp.Status = tasktypes.Status_STOPPED
+		resp.ExitStatus = code
+		resp.ExitedAt = timestamppb.New(at)
+	}
+	return resp, nil
+}
+
+// Pids lists the container's processes; guest pids are not visible, so
+// each process of the task reports the shim's pid.
+func (s *service) Pids(ctx context.Context, r *taskapi.PidsRequest) (*taskapi.PidsResponse, error) {
+	if _, _, err := s.lookup(r.ID, ""); err != nil {
+		return nil, err
+	}
+	return &taskapi.PidsResponse{Processes: []*tasktypes.ProcessInfo{{Pid: s.pid()}}}, nil
+}
+
+// Kill signals a process in the guest.
+func (s *service) Kill(ctx context.Context, r *taskapi.KillRequest) (*emptypb.Empty, error) {
+	_, p, err := s.lookup(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	st, _, _ := p.status()
+	switch st {
+	case procStopped:
+		return nil, errNotFound("%s: process already finished", describe(r.ID, r.ExecID))
+	case procCreated:
+		// Never started: there is nothing in the guest to signal yet.
+		s.exited(p, 128+r.Signal)
+		return &emptypb.Empty{}, nil
+	}
+	sb := s.currentSandbox()
+	if sb == nil || sb.Err() != nil {
+		return &emptypb.Empty{}, nil // the VM is gone: so is the process, its exit follows
+	}
+	if err := sb.Agent().SignalProcess(ctx, p.containerID, p.agentExecID, syscall.Signal(r.Signal)); err != nil {
+		if st, _, _ := p.status(); st == procStopped {
+			return nil, errNotFound("%s: process already finished", describe(r.ID, r.ExecID))
+		}
+		return nil, toStatus(sb.explain(err))
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// ResizePty refuses: kata-fsx does not give processes terminals yet.
+func (s *service) ResizePty(ctx context.Context, r *taskapi.ResizePtyRequest) (*emptypb.Empty, error) {
+	if _, _, err := s.lookup(r.ID, r.ExecID); err != nil {
+		return nil, err
+	}
+	return nil, errUnimplemented("%s has no terminal: kata-fsx does not support terminals yet", describe(r.ID, r.ExecID))
+}
+
+// CloseIO closes a process's stdin in the guest.
+func (s *service) CloseIO(ctx context.Context, r *taskapi.CloseIORequest) (*emptypb.Empty, error) {
+	_, p, err := s.lookup(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	if !r.Stdin {
+		return &emptypb.Empty{}, nil
+	}
+	sb := s.currentSandbox()
+	if sb == nil || sb.Err() != nil {
+		return &emptypb.Empty{}, nil
+	}
+	if st, _, _ := p.status(); st != procRunning {
+		return &emptypb.Empty{}, nil
+	}
+	if p.stdin != nil && !p.stdin.drained(ctx, stdinDrainTimeout) {
+		return &emptypb.Empty{}, nil // the pump ended: stdin is closed already
+	}
+	if err := sb.Agent().CloseStdin(ctx, p.containerID, p.agentExecID); err != nil {
+		return nil, toStatus(err)
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// Wait blocks until a process exits and returns its status.
+func (s *service) Wait(ctx context.Context, r *taskapi.WaitRequest) (*taskapi.WaitResponse, error) {
+	_, p, err := s.lookup(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-p.waitBlock:
+	case <-ctx.Done():
+		return nil, toStatus(ctx.Err())
+	}
+	_, code, at := p.status()
+	return &taskapi.WaitResponse{ExitStatus: code, ExitedAt: timestamppb.New(at)}, nil
+}
+
+// Stats returns no metrics: the guest's cgroups are not exported yet.
+func (s *service) Stats(ctx context.Context, r *taskapi.StatsRequest) (*taskapi.StatsResponse, error) {
+	if _, _, err := s.lookup(r.ID, ""); err != nil {
+		return nil, err
+	}
+	return &taskapi.StatsResponse{}, nil
+}
+
+// Connect tells containerd the shim's pid.
+func (s *service) Connect(ctx context.Context, r *taskapi.ConnectRequest) (*taskapi.ConnectResponse, error) {
+	return &taskapi.ConnectResponse{ShimPid: uint32(os.Getpid()), TaskPid: s.pid(), Version: RuntimeType}, nil
+}
+
+// Shutdown ends the server once the pod has no containers left.
+func (s *service) Shutdown(ctx context.Context, r *taskapi.ShutdownRequest) (*emptypb.Empty, error) {
+	s.mu.Lock()
+	n := len(s.containers)
+	s.mu.Unlock()
+	if n > 0 {
+		return &emptypb.Empty{}, nil
+	}
+	s.doneOnce.Do(func() { close(s.done) })
+	return &emptypb.Empty{}, nil
+}
+
+// Pause is not supported: the VM could be paused, but not one container.
+func (s *service) Pause(ctx context.Context, r *taskapi.PauseRequest) (*emptypb.Empty, error) {
+	return nil, errUnimplemented("pause is not supported by kata-fsx")
+}
+
+// Resume is not supported, as Pause is not.
+func (s *service) Resume(ctx context.Context, r *taskapi.ResumeRequest) (*emptypb.Empty, error) {
+	return nil, errUnimplemented("resume is not supported by kata-fsx")
+}
+
+// Checkpoint is not supported.
+func (s *service) Checkpoint(ctx context.Context, r *taskapi.CheckpointTaskRequest) (*emptypb.Empty, error) {
+	return nil, errUnimplemented("checkpoint is not supported by kata-fsx")
+}
+
+// Update is not supported: guest resources are fixed at boot.
+func (s *service) Update(ctx context.Context, r *taskapi.UpdateTaskRequest) (*emptypb.Empty, error) {
+	return nil, errUnimplemented("update is not supported by kata-fsx")
+}
