@@ -20,15 +20,7 @@ bin/kata-fsx env
 echo "==> bin/kata-fsx check"
 bin/kata-fsx check || echo "(check reported failures: see the FAIL lines above and their fixes)"
 
-# A small rootfs: the static busybox and its applets.
-rootfs=build/demo-rootfs
-if [ ! -x "$rootfs/bin/busybox" ]; then
-	mkdir -p "$rootfs"/{bin,proc,sys,dev,tmp,etc,root}
-	cp /bin/busybox "$rootfs/bin/busybox"
-	for a in sh echo cat ls grep head uname; do ln -sf busybox "$rootfs/bin/$a"; done
-fi
-for backend in virtio-fs imagefs-blk; do
-	echo "==> a pod on $backend: bin/kata-fsx run --backend $backend --rootfs $rootfs -- ..."
-	sudo_ bin/kata-fsx run --backend "$backend" --rootfs "$rootfs" -- \
-		/bin/sh -c 'echo "hello from $(uname -r)"; grep " / " /proc/mounts'
-done
+# The main job: a private containerd (never the system's) runs one pod on
+# virtio-fs and one on imagefs-blk through containerd-shim-kata-fsx-v2.
+echo "==> two pods through containerd: deploy/demo.sh"
+sudo_ deploy/demo.sh

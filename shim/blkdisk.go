@@ -2,21 +2,43 @@ package shim
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"time"
+
+	"github.com/containerd/log"
 
 	"github.com/kata-fsx/kata-fsx/blk"
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/hypervisor"
 	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
 	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
+
+// hotUnplugTimeout bounds the wait for the guest to let go of a
+// hot-plugged disk (ACPI eject, then DEVICE_DELETED); a TCG guest takes
+// seconds where KVM takes milliseconds.
+const hotUnplugTimeout = 60 * time.Second
 
 // podDisk is an imagefs-blk disk of one container and its QEMU device.
 type podDisk struct {
 	*blk.Disk
 	deviceID string
+	path     hypervisor.PCIPath // where the guest finds it
+	// stopServing ends the context the disk is served with.
+	stopServing context.CancelFunc
+
+	// slot is set for a disk hot-plugged after boot; chardevAdded and
+	// deviceAdded record how far the plug got, so unplug undoes just that.
+	slot         *hypervisor.HotplugSlot
+	chardevAdded bool
+	deviceAdded  bool
 }
+
+func (d *podDisk) chardevID() string { return "char-" + d.deviceID }
 
 // blkOptions maps the [kata_fsx.imagefs_blk] table to disk options.
 func blkOptions(c *config.Config) blk.Options {
@@ -33,6 +55,8 @@ func blkOptions(c *config.Config) blk.Options {
 
 // createDisk indexes and synthesizes a container's rootfs and serves it
 // from the sandbox directory (0700), so only this pod's QEMU reaches it.
+// ctx bounds the build; the disk is then served until it is removed or
+// the sandbox stops, whatever becomes of ctx.
 func (s *Sandbox) createDisk(ctx context.Context, cid string, rootfs config.Rootfs, idx *index.Index) (*podDisk, error) {
 	if err := validSandboxID(cid); err != nil {
 		return nil, err
@@ -40,39 +64,202 @@ func (s *Sandbox) createDisk(ctx context.Context, cid string, rootfs config.Root
 	if idx == nil && !rootfs.Indexable() {
 		return nil, fmt.Errorf("container %s: imagefs-blk cannot index this rootfs: %s", cid, rootfs.Why)
 	}
+	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("container %s: sandbox %s is stopping", cid, s.ID)
+	}
+	if _, ok := s.disks[cid]; ok {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("container %s already has an imagefs-blk disk", cid)
+	}
+	// Numbers are never reused, so a disk being unplugged cannot collide
+	// with its successor's socket or QEMU ids.
+	seq := s.diskSeq
+	s.diskSeq++
+	s.mu.Unlock()
+
 	dir := filepath.Join(s.Dir, "blk", cid)
 	opts := blkOptions(s.cfg)
 	// Sockets sit right in the sandbox directory: container ids can be
 	// 64 bytes and unix socket paths only 107.
-	opts.Socket = filepath.Join(s.Dir, fmt.Sprintf("blk%d.sock", len(s.disks)))
+	opts.Socket = filepath.Join(s.Dir, fmt.Sprintf("blk%d.sock", seq))
+	serveCtx, stopServing := context.WithCancel(s.life)
+	// A request cancelled while the disk is built cancels the build.
+	stopAbort := context.AfterFunc(ctx, stopServing)
 	var (
 		d   *blk.Disk
 		err error
 	)
 	if idx != nil {
-		d, err = blk.CreateFromIndex(ctx, idx, dir, opts)
+		d, err = blk.CreateFromIndex(serveCtx, idx, dir, opts)
 	} else {
-		d, err = blk.Create(ctx, rootfs.Layers, dir, opts)
+		d, err = blk.Create(serveCtx, rootfs.Layers, dir, opts)
+	}
+	if !stopAbort() && err == nil {
+		err = errors.Join(fmt.Errorf("disk creation cancelled: %w", context.Cause(ctx)), d.Remove())
 	}
 	if err != nil {
+		stopServing()
+		// A failed build may have left part of the disk behind.
+		if rerr := os.RemoveAll(dir); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		if rerr := os.Remove(opts.Socket); rerr != nil && !os.IsNotExist(rerr) {
+			err = errors.Join(err, rerr)
+		}
 		return nil, fmt.Errorf("container %s: %w", cid, err)
 	}
-	pd := &podDisk{Disk: d, deviceID: fmt.Sprintf("imagefs-blk-%d", len(s.disks))}
+	pd := &podDisk{Disk: d, deviceID: fmt.Sprintf("imagefs-blk-%d", seq), stopServing: stopServing}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping {
+		// Stop already collected the disks: this one would outlive the pod.
+		stopServing()
+		return nil, errors.Join(fmt.Errorf("container %s: sandbox %s is stopping", cid, s.ID), d.Remove())
+	}
 	s.disks[cid] = pd
 	return pd, nil
 }
 
+// remove stops serving the disk and deletes its files; the caller has
+// taken it out of s.disks and QEMU no longer uses it.
+func (d *podDisk) remove() error {
+	err := d.Remove()
+	d.stopServing()
+	return err
+}
+
+// hotplugDisk builds and serves a disk for a container created after the
+// VM booted and plugs it into a free slot of the hot-plug bridge. On error
+// everything it did is undone.
+func (s *Sandbox) hotplugDisk(ctx context.Context, cid string, rootfs config.Rootfs) (_ *podDisk, err error) {
+	slot, err := s.vm.NextHotplugSlot()
+	if err != nil {
+		return nil, fmt.Errorf("container %s: disk hot-plug: %w", cid, err)
+	}
+	d, err := s.createDisk(ctx, cid, rootfs, nil)
+	if err != nil {
+		if rerr := s.vm.ReleaseHotplugSlot(slot); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return nil, err
+	}
+	d.slot, d.path = &slot, slot.Path
+	defer func() {
+		if err != nil {
+			if uerr := s.unplugDisk(cid); uerr != nil {
+				err = errors.Join(err, fmt.Errorf("undo hot-plug: %w", uerr))
+			}
+		}
+	}()
+	q := s.vm.QMP()
+	// QEMU connects to our server as soon as the chardev exists.
+	if err := q.ChardevAddSocket(ctx, d.chardevID(), d.Socket); err != nil {
+		return nil, s.explain(fmt.Errorf("container %s: chardev-add %s: %w", cid, d.chardevID(), err))
+	}
+	d.chardevAdded = true
+	b := s.cfg.KataFSX.ImagefsBlk
+	props := slot.Props()
+	props["chardev"] = d.chardevID()
+	props["num-queues"] = b.NumQueues
+	props["queue-size"] = b.QueueSize
+	if err := q.DeviceAdd(ctx, "vhost-user-blk-pci", d.deviceID, props); err != nil {
+		return nil, s.explain(fmt.Errorf("container %s: device_add vhost-user-blk-pci %s: %w", cid, d.deviceID, err))
+	}
+	d.deviceAdded = true
+	// The allocator's idea of the path must be QEMU's, or the agent waits
+	// for a disk at the wrong address.
+	got, err := s.vm.DevicePCIPath(ctx, d.deviceID)
+	if err != nil {
+		return nil, s.explain(fmt.Errorf("container %s: %w", cid, err))
+	}
+	if got != slot.Path {
+		return nil, fmt.Errorf("container %s: device %s is at PCI path %s, expected %s", cid, d.deviceID, got, slot.Path)
+	}
+	log.G(ctx).WithField("sandbox", s.ID).Infof("container %s: disk %s hot-plugged at PCI path %s", cid, d.deviceID, got)
+	return d, nil
+}
+
+// unplugDisk removes a hot-plugged disk: device_del (waiting for the
+// guest to release it), chardev-remove, the slot, then the disk files. A
+// step that fails leaves the disk registered for Stop to remove. A
+// cold-plugged disk (the first container's) cannot leave the root bus and
+// stays until Stop.
+func (s *Sandbox) unplugDisk(cid string) error {
+	s.mu.Lock()
+	d, ok := s.disks[cid]
+	if ok && d.slot != nil {
+		delete(s.disks, cid)
+	}
+	s.mu.Unlock()
+	if !ok || d.slot == nil {
+		return nil
+	}
+	err := s.unplug(d)
+	if err != nil {
+		s.mu.Lock()
+		if s.stopping {
+			// Stop has quit QEMU or is about to: the disk can go now.
+			s.mu.Unlock()
+			return errors.Join(err, d.remove())
+		}
+		s.disks[cid] = d
+		s.mu.Unlock()
+		return fmt.Errorf("container %s: disk %s stays until the sandbox stops: %w", cid, d.deviceID, err)
+	}
+	log.G(s.life).WithField("sandbox", s.ID).Infof("container %s: disk %s unplugged and removed", cid, d.deviceID)
+	return nil
+}
+
+func (s *Sandbox) unplug(d *podDisk) error {
+	// Cleanup must run to the end even when the caller's request was cancelled.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.life), hotUnplugTimeout)
+	defer cancel()
+	q := s.vm.QMP()
+	if d.deviceAdded {
+		if err := q.DeviceDel(ctx, d.deviceID); err != nil {
+			return s.explain(fmt.Errorf("device_del %s: %w", d.deviceID, err))
+		}
+		d.deviceAdded = false
+	}
+	if d.chardevAdded {
+		if err := q.ChardevRemove(ctx, d.chardevID()); err != nil {
+			return s.explain(fmt.Errorf("chardev-remove %s: %w", d.chardevID(), err))
+		}
+		d.chardevAdded = false
+	}
+	if d.slot != nil {
+		if err := s.vm.ReleaseHotplugSlot(*d.slot); err != nil {
+			return err
+		}
+		d.slot = nil
+	}
+	return d.remove()
+}
+
 // blkStorage is the storage the agent mounts a container's disk from, as
 // Kata describes a block rootfs; the OCI root is its mount point.
-func (s *Sandbox) blkStorage(cid string) (*pb.Storage, string, error) {
-	d, ok := s.disks[cid]
-	if !ok {
-		return nil, "", fmt.Errorf("container %s: no imagefs-blk disk: containers created after the sandbox need disk hot-plug, which the shim issue delivers", cid)
-	}
-	path, ok := s.vm.Plan().PCIPaths[d.deviceID]
-	if !ok {
-		return nil, "", fmt.Errorf("container %s: device %s has no PCI path", cid, d.deviceID)
-	}
+func (s *Sandbox) blkStorage(d *podDisk, cid string) (*pb.Storage, string) {
 	mp := virtiofs.GuestSharedMount + cid
-	return &pb.Storage{Driver: "blk", Source: string(path), Fstype: "ext4", MountPoint: mp}, mp, nil
+	return &pb.Storage{Driver: "blk", Source: string(d.path), Fstype: "ext4", MountPoint: mp}, mp
+}
+
+// containerDisk returns the container's disk: the one cold-plugged at
+// boot for the sandbox's first container, or a new one hot-plugged now.
+func (s *Sandbox) containerDisk(ctx context.Context, cid string, rootfs config.Rootfs) (*podDisk, error) {
+	s.mu.Lock()
+	d, ok := s.disks[cid]
+	s.mu.Unlock()
+	if !ok {
+		return s.hotplugDisk(ctx, cid, rootfs)
+	}
+	if d.path == "" {
+		p, ok := s.vm.Plan().PCIPaths[d.deviceID]
+		if !ok {
+			return nil, fmt.Errorf("container %s: device %s has no PCI path", cid, d.deviceID)
+		}
+		d.path = p
+	}
+	return d, nil
 }

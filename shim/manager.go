@@ -35,6 +35,17 @@ const RuntimeType = "io.containerd.kata-fsx.v2"
 // socketDir holds the shims' ttrpc sockets, where containerd's own shims keep theirs.
 const socketDir = "/run/containerd/s"
 
+// EnvSocketDir, set in containerd's environment, moves the shim sockets
+// elsewhere: tests give each private containerd its own directory.
+const EnvSocketDir = "KATA_FSX_SHIM_SOCKET_DIR"
+
+func shimSocketDir() string {
+	if d := os.Getenv(EnvSocketDir); d != "" {
+		return d
+	}
+	return socketDir
+}
+
 // Annotations containerd's CRI plugin (and CRI-O) put on every container of a pod.
 const (
 	annContainerType      = "io.kubernetes.cri.container-type"
@@ -167,7 +178,7 @@ func podGroup(id string, annotations map[string]string) string {
 // distinct per containerd instance and namespace.
 func socketPath(containerdAddress, namespace, group string) string {
 	d := sha256.Sum256([]byte("kata-fsx\x00" + containerdAddress + "\x00" + namespace + "\x00" + group))
-	return filepath.Join(socketDir, hex.EncodeToString(d[:]))
+	return filepath.Join(shimSocketDir(), hex.EncodeToString(d[:]))
 }
 
 // readBundleSpec reads the OCI spec containerd wrote into the bundle.
@@ -200,7 +211,7 @@ func startShim(ctx context.Context, f *shimFlags) (string, error) {
 		}
 		return "", fmt.Errorf("container %s: the shim of pod %s is not running at %s", f.id, group, sock)
 	}
-	if err := os.MkdirAll(socketDir, 0o711); err != nil {
+	if err := os.MkdirAll(shimSocketDir(), 0o711); err != nil {
 		return "", fmt.Errorf("socket directory: %w", err)
 	}
 	if c, err := net.DialTimeout("unix", sock, time.Second); err == nil {

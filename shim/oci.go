@@ -10,6 +10,9 @@ import (
 	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
 )
 
+// guestSandboxShm is where the sandbox's ephemeral shm storage is mounted in the guest.
+const guestSandboxShm = "/run/kata-containers/sandbox/shm"
+
 // agentSpec converts an OCI runtime spec into the agent protocol's Spec,
 // with the root path replaced by where the rootfs is inside the guest.
 // Host-only parts (hooks, cgroup resources, seccomp) are dropped: the VM
@@ -50,9 +53,16 @@ func agentSpec(s *specs.Spec, guestRoot string, readonly bool) (*pb.Spec, error)
 		out.Annotations[k] = v
 	}
 	for _, m := range s.Mounts {
-		// Host binds cannot be honoured inside the guest as they are; the
-		// sandbox turns the ones it shares into guest paths before this.
-		if m.Type == "bind" || hasOption(m.Options, "bind") || hasOption(m.Options, "rbind") {
+		bind := m.Type == "bind" || hasOption(m.Options, "bind") || hasOption(m.Options, "rbind")
+		// The pod's /dev/shm is the sandbox's ephemeral shm storage in the
+		// guest, as Kata does it, so the pod's containers share it.
+		if bind && m.Destination == "/dev/shm" {
+			out.Mounts = append(out.Mounts, &pb.Mount{Destination: m.Destination, Source: guestSandboxShm, Type: "bind", Options: []string{"rbind"}})
+			continue
+		}
+		// Other host binds cannot be honoured inside the guest as they are;
+		// the sandbox turns the ones it shares into guest paths before this.
+		if bind {
 			continue
 		}
 		out.Mounts = append(out.Mounts, &pb.Mount{Destination: m.Destination, Source: m.Source, Type: m.Type, Options: append([]string(nil), m.Options...)})

@@ -52,9 +52,17 @@ type Sandbox struct {
 	vfsd   *virtiofs.Process
 	shared *virtiofs.SharedDir
 	agent  *agent.Client
+	// life is the sandbox's lifetime, for what runs beyond one request
+	// (the disks' vhost-user servers); Stop ends it.
+	life     context.Context
+	lifeStop context.CancelFunc
+
+	mu sync.Mutex // guards the fields below
 	// disks are the imagefs-blk disks by container id, with the QEMU
 	// device each is plugged in as.
-	disks map[string]*podDisk
+	disks    map[string]*podDisk
+	diskSeq  int  // numbers disks, their sockets and QEMU ids
+	stopping bool // Stop began: no new disk may be registered
 
 	failOnce sync.Once
 	failed   chan struct{}
@@ -99,6 +107,7 @@ func NewSandbox(ctx context.Context, spec SandboxSpec) (_ *Sandbox, err error) {
 		failed: make(chan struct{}), done: make(chan struct{}),
 		disks: map[string]*podDisk{},
 	}
+	s.life, s.lifeStop = context.WithCancel(context.WithoutCancel(ctx))
 	log.G(ctx).WithField("sandbox", spec.ID).Infof("backend %s: %s", d.Backend, d.Reason)
 	defer func() {
 		if err != nil {
@@ -338,32 +347,45 @@ type ContainerSpec struct {
 	// RootfsDir is the container's rootfs on the host, already mounted
 	// (virtio-fs and virtio-9p share it).
 	RootfsDir string
-	OCI       *specs.Spec
+	// Rootfs is what imagefs-blk builds the disk of a container created
+	// after boot from.
+	Rootfs config.Rootfs
+	OCI    *specs.Spec
 }
 
-// CreateContainer shares the container's rootfs with the guest and creates it in the agent.
-func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) error {
-	var guestRoot string
+// CreateContainer shares the container's rootfs with the guest (on
+// imagefs-blk, hot-plugging its disk when the VM already runs) and creates
+// it in the agent. On error the container's disk is gone again.
+func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err error) {
+	readonly := c.OCI != nil && c.OCI.Root != nil && c.OCI.Root.Readonly
+	// The spec is checked before anything is built or plugged for it.
+	spec, err := agentSpec(c.OCI, "", readonly)
+	if err != nil {
+		return fmt.Errorf("container %s: %w", c.ID, err)
+	}
 	var storages []*pb.Storage
 	switch s.Decision.Backend {
 	case config.SharedFSImagefsBlk:
-		st, root, err := s.blkStorage(c.ID)
-		if err != nil {
-			return err
+		d, derr := s.containerDisk(ctx, c.ID, c.Rootfs)
+		if derr != nil {
+			return derr
 		}
-		storages, guestRoot = append(storages, st), root
+		defer func() {
+			if err != nil {
+				if uerr := s.unplugDisk(c.ID); uerr != nil {
+					err = errors.Join(err, uerr)
+				}
+			}
+		}()
+		var st *pb.Storage
+		st, spec.Root.Path = s.blkStorage(d, c.ID)
+		storages = append(storages, st)
 	case config.SharedFSVirtioFS, config.SharedFS9P:
-		readonly := c.OCI != nil && c.OCI.Root != nil && c.OCI.Root.Readonly
-		var err error
-		if guestRoot, err = s.shared.BindRootfs(c.ID, c.RootfsDir, readonly); err != nil {
+		if spec.Root.Path, err = s.shared.BindRootfs(c.ID, c.RootfsDir, readonly); err != nil {
 			return err
 		}
 	default:
 		return fmt.Errorf("container %s: backend %s is not wired yet", c.ID, s.Decision.Backend)
-	}
-	spec, err := agentSpec(c.OCI, guestRoot, c.OCI.Root != nil && c.OCI.Root.Readonly)
-	if err != nil {
-		return fmt.Errorf("container %s: %w", c.ID, err)
 	}
 	if err := s.agent.CreateContainer(ctx, &pb.CreateContainerRequest{ContainerId: c.ID, ExecId: c.ID, OCI: spec, Storages: storages}); err != nil {
 		return s.explain(fmt.Errorf("container %s: agent CreateContainer: %w", c.ID, err))
@@ -372,8 +394,9 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) error {
 }
 
 // RemoveContainer removes a container from the guest and releases its
-// rootfs share on the host; an imagefs-blk disk stays until Stop (no
-// hot-unplug yet).
+// rootfs share on the host: a hot-plugged imagefs-blk disk is unplugged
+// and deleted; the first container's disk, cold-plugged on the root bus,
+// stays until Stop.
 func (s *Sandbox) RemoveContainer(ctx context.Context, cid string, timeout time.Duration) error {
 	var errs []error
 	if s.Err() == nil && s.agent != nil {
@@ -386,6 +409,11 @@ func (s *Sandbox) RemoveContainer(ctx context.Context, cid string, timeout time.
 			errs = append(errs, err)
 		}
 	}
+	if s.Decision.Backend == config.SharedFSImagefsBlk && s.Err() == nil && s.vm != nil {
+		if err := s.unplugDisk(cid); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -395,6 +423,9 @@ func (s *Sandbox) RemoveContainer(ctx context.Context, cid string, timeout time.
 func (s *Sandbox) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
 		close(s.done)
+		s.mu.Lock()
+		s.stopping = true
+		s.mu.Unlock()
 		var errs []error
 		if s.agent != nil {
 			if s.Err() == nil {
@@ -412,8 +443,12 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 		if s.vfsd != nil {
 			_ = s.vfsd.Stop(ctx)
 		}
-		for cid, d := range s.disks {
-			if err := d.Remove(); err != nil {
+		s.mu.Lock()
+		disks := s.disks
+		s.disks = map[string]*podDisk{}
+		s.mu.Unlock()
+		for cid, d := range disks {
+			if err := d.remove(); err != nil {
 				errs = append(errs, fmt.Errorf("container %s disk: %w", cid, err))
 			}
 		}
@@ -422,6 +457,7 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 				errs = append(errs, err)
 			}
 		}
+		s.lifeStop()
 		s.watchers.Wait()
 		if s.Dir != "" {
 			if err := removeUnmounted(s.Dir); err != nil {

@@ -204,7 +204,7 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 		}
 		c.rootfsMounted = true
 	}
-	if err := sb.CreateContainer(ctx, ContainerSpec{ID: r.ID, RootfsDir: rootfsDir, OCI: guestSpec(spec)}); err != nil {
+	if err := sb.CreateContainer(ctx, ContainerSpec{ID: r.ID, RootfsDir: rootfsDir, Rootfs: rootfs, OCI: guestSpec(spec)}); err != nil {
 		if !owns {
 			// Release the rootfs share; the pod and its other containers stay.
 			_ = sb.RemoveContainer(context.Background(), r.ID, 5*time.Second)

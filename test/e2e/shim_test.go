@@ -21,9 +21,6 @@ import (
 	"time"
 )
 
-// shimSocketDir is where the shim keeps its ttrpc sockets.
-const shimSocketDir = "/run/containerd/s"
-
 // buildShim builds bin/containerd-shim-kata-fsx-v2 once per test binary run.
 var buildShim = sync.OnceValues(func() (string, error) {
 	bin := filepath.Join(repoRoot, "bin", "containerd-shim-kata-fsx-v2")
@@ -67,7 +64,13 @@ func newContainerdEnv(t *testing.T) *containerdEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := socketsIn(shimSocketDir)
+	// A socket directory of our own: /run/containerd/s is shared with
+	// every other containerd on the host. Short, for sun_path's 107 bytes.
+	sockDir, err := os.MkdirTemp("", "kfs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(sockDir) })
 	ce := &containerdEnv{env: e, sock: filepath.Join(e.dir, "containerd.sock"), log: &bytes.Buffer{}, logMu: &sync.Mutex{}}
 	cfg := fmt.Sprintf(`version = 2
 root = "%[1]s/root"
@@ -93,7 +96,7 @@ state = "%[1]s/state"
 		t.Fatal(err)
 	}
 	cmd := exec.Command("/usr/bin/containerd", "--config", cfgPath)
-	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(shim)+":"+os.Getenv("PATH"))
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(shim)+":"+os.Getenv("PATH"), "KATA_FSX_SHIM_SOCKET_DIR="+sockDir)
 	cmd.Stdout = lockedWriter{ce.logMu, ce.log}
 	cmd.Stderr = lockedWriter{ce.logMu, ce.log}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -126,11 +129,9 @@ state = "%[1]s/state"
 		if t.Failed() || os.Getenv("KATA_FSX_SHOW_CONTAINERD_LOG") != "" {
 			t.Logf("containerd log (tail):\n%s", ce.logTail(12000))
 		}
-		for s := range socketsIn(shimSocketDir) {
-			if !before[s] {
-				t.Errorf("shim socket left behind: %s", s)
-				os.Remove(s)
-			}
+		for s := range socketsIn(sockDir) {
+			t.Errorf("shim socket left behind: %s", s)
+			os.Remove(s)
 		}
 	})
 	deadline := time.Now().Add(30 * time.Second)

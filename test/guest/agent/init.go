@@ -113,8 +113,15 @@ func setupRootfs(cfg *initConfig) error {
 	if len(mounts) == 0 {
 		mounts = defaultMounts
 	}
+	devTmpfs := false
 	for _, m := range mounts {
 		if err := mountInRootfs(root, m); err != nil {
+			return err
+		}
+		devTmpfs = devTmpfs || filepath.Clean(m.Destination) == "/dev" && m.Type == "tmpfs"
+	}
+	if devTmpfs {
+		if err := createDefaultDevices(filepath.Join(root, "dev")); err != nil {
 			return err
 		}
 	}
@@ -127,6 +134,33 @@ func setupRootfs(cfg *initConfig) error {
 	if cfg.Readonly {
 		if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
 			return fmt.Errorf("remount rootfs read-only: %w", err)
+		}
+	}
+	return nil
+}
+
+// defaultDevices are the nodes the OCI runtime spec requires in a
+// container's /dev, which runc creates when /dev is a tmpfs (as CRI asks).
+var defaultDevices = []struct {
+	name         string
+	major, minor uint32
+}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}}
+
+// createDefaultDevices fills a tmpfs /dev with the OCI default devices and links.
+func createDefaultDevices(dev string) error {
+	for _, d := range defaultDevices {
+		p := filepath.Join(dev, d.name)
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(d.major, d.minor))); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("create /dev/%s: %w", d.name, err)
+		}
+		// mknod is subject to the umask; the spec wants 0666.
+		if err := unix.Chmod(p, 0o666); err != nil {
+			return fmt.Errorf("chmod /dev/%s: %w", d.name, err)
+		}
+	}
+	for link, target := range map[string]string{"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2", "ptmx": "pts/ptmx"} {
+		if err := os.Symlink(target, filepath.Join(dev, link)); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("create /dev/%s: %w", link, err)
 		}
 	}
 	return nil
