@@ -18,7 +18,7 @@ STATEDIR   ?= /var/lib/kata-fsx/imagefs-blk
 LDFLAGS    := -X github.com/kata-fsx/kata-fsx/cli.Version=$(VERSION)
 BINARIES   := kata-fsx containerd-shim-kata-fsx-v2
 
-.PHONY: all build test lint fuzz install clean guest bench bench-image
+.PHONY: all build test lint fuzz install clean guest bench bench-image bench-blk
 
 all: build
 
@@ -62,10 +62,15 @@ install: build
 
 # Benchmarks write their tables into docs/benchmarks.md and raw numbers
 # into docs/bench/*.json.
-bench: bench-image
+bench: bench-image bench-blk
 
 bench-image:
 	$(GO) run ./test/bench/imagebench -reps 5
+
+# Boots one guest per block backend (imagefs-blk, virtio-blk, qemu-storage-
+# daemon, virtio-blk writeback); needs root, the guest kit and fio. ~10 min.
+bench-blk: build guest
+	$(GO) run ./test/bench/blkbench
 
 # The test guest kit: kernel, initramfs and test agent, from Debian packages.
 # build.sh skips the work when its inputs are unchanged.

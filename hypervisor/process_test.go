@@ -585,6 +585,9 @@ func TestProbeBoot(t *testing.T) {
 		t.Skip("no /boot/vmlinuz-* (apt-get install linux-image-amd64)")
 	}
 	qemu := qemuBinary(t)
+	// A temp dir of our own, so probes of other packages' tests running at
+	// the same time do not count as our leftovers.
+	t.Setenv("TMPDIR", t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if err := ProbeBoot(ctx, qemu, kernels[0], AccelTCG); err != nil {
