@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -202,53 +201,11 @@ func (ce *containerdEnv) ctrIn(ctx context.Context, stdin io.Reader, args ...str
 // imports it, so no registry is needed.
 func (ce *containerdEnv) importBusybox(t *testing.T) string {
 	const name = "kata-fsx.test/busybox:latest"
-	root := busyboxRootfs(t)
-	var layer bytes.Buffer
-	tw := tar.NewWriter(&layer)
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == root {
-			return err
-		}
-		rel, _ := filepath.Rel(root, p)
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		link := ""
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		h, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
-		}
-		h.Name = rel
-		if fi.IsDir() {
-			h.Name += "/"
-		}
-		h.Uname, h.Gname, h.Uid, h.Gid = "", "", 0, 0
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if fi.Mode().IsRegular() {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			_, err = tw.Write(b)
-			return err
-		}
-		return nil
-	})
-	if err == nil {
-		err = tw.Close()
-	}
+	layer, err := tarTree(busyboxRootfs(t))
 	if err != nil {
 		t.Fatalf("image layer: %v", err)
 	}
-	diffID := sha256.Sum256(layer.Bytes())
+	diffID := sha256.Sum256(layer)
 	imgCfg, _ := json.Marshal(map[string]any{
 		"architecture": "amd64", "os": "linux",
 		"config": map[string]any{"Env": []string{"PATH=/bin"}, "Cmd": []string{"/bin/sh"}},
@@ -263,7 +220,7 @@ func (ce *containerdEnv) importBusybox(t *testing.T) string {
 	for _, f := range []struct {
 		name string
 		data []byte
-	}{{"layer.tar", layer.Bytes()}, {cfgName, imgCfg}, {"manifest.json", manifest}} {
+	}{{"layer.tar", layer}, {cfgName, imgCfg}, {"manifest.json", manifest}} {
 		if err := aw.WriteHeader(&tar.Header{Name: f.name, Mode: 0o644, Size: int64(len(f.data)), Typeflag: tar.TypeReg}); err != nil {
 			t.Fatal(err)
 		}

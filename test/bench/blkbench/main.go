@@ -31,6 +31,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
+	"github.com/kata-fsx/kata-fsx/test/bench/benchdoc"
 )
 
 // options are the command-line settings.
@@ -284,7 +285,7 @@ func run(ctx context.Context, o options) (err error) {
 	if err := os.WriteFile(o.jsonOut, append(js, '\n'), 0o644); err != nil {
 		return err
 	}
-	if err := replaceSection(o.mdOut, "blk-backends", md); err != nil {
+	if err := benchdoc.ReplaceSection(o.mdOut, "blk-backends", md); err != nil {
 		return err
 	}
 	fmt.Print(md)
@@ -513,23 +514,6 @@ func hostInfo(caps *hypervisor.Caps, qsd string, accel hypervisor.Accel, accelWh
 		}
 	}
 	return h
-}
-
-// replaceSection rewrites the text between <!-- NAME:start --> and
-// <!-- NAME:end --> in path, so a run updates only its own table.
-func replaceSection(path, name, body string) error {
-	start, end := "<!-- "+name+":start -->", "<!-- "+name+":end -->"
-	old, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	s := string(old)
-	i, j := strings.Index(s, start), strings.Index(s, end)
-	if i < 0 || j < i {
-		return fmt.Errorf("%s has no %s ... %s markers", path, start, end)
-	}
-	s = s[:i+len(start)] + "\n" + body + s[j:]
-	return os.WriteFile(path, []byte(s), 0o644)
 }
 
 func fixture(script, cache string) (string, error) {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/kata-fsx/kata-fsx/blk/ext4"
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/test/bench/benchdoc"
 )
 
 type row struct {
@@ -178,7 +179,7 @@ func main() {
 	if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
 		fatal(err)
 	}
-	if err := replaceSection(*mdOut, "image-synthesis", markdown(rows, res)); err != nil {
+	if err := benchdoc.ReplaceSection(*mdOut, "image-synthesis", markdown(rows, res)); err != nil {
 		fatal(err)
 	}
 	fmt.Print(markdown(rows, res))
@@ -230,23 +231,6 @@ func markdown(rows []row, res map[string]any) string {
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %.3f s | %.3f–%.3f s | %s | %s |\n", r.Tree, r.Entries, mib(r.DataBytes), r.Tool, r.Median, s[0], s[len(s)-1], out, ratio)
 	}
 	return b.String()
-}
-
-// replaceSection rewrites the text between <!-- NAME:start --> and
-// <!-- NAME:end --> in path, so a run updates only its own table.
-func replaceSection(path, name, body string) error {
-	start, end := "<!-- "+name+":start -->", "<!-- "+name+":end -->"
-	old, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	s := string(old)
-	i, j := strings.Index(s, start), strings.Index(s, end)
-	if i < 0 || j < i {
-		return fmt.Errorf("%s has no %s ... %s markers", path, start, end)
-	}
-	s = s[:i+len(start)] + "\n" + body + s[j:]
-	return os.WriteFile(path, []byte(s), 0o644)
 }
 
 func mib(n uint64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
