@@ -207,8 +207,17 @@ type worker struct {
 	kick   int
 	stopFd int // eventfd written by stop
 	done   chan struct{}
-	chain  virtq.Chain
+	// chains hold a batch of popped requests; they keep their buffers'
+	// backing arrays from batch to batch.
+	chains [maxBatch]virtq.Chain
+	used   [maxBatch]uint32
 }
+
+// maxBatch bounds how many requests of one queue run at the same time: the
+// driver keeps several in flight (fio's iodepth, readahead) and the device
+// may complete them in any order, so serving them one by one would
+// serialize what QEMU's own block layer runs concurrently.
+const maxBatch = 32
 
 func startWorker(r *vring, q *virtq.Queue) (*worker, error) {
 	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
@@ -265,30 +274,30 @@ func (w *worker) run() {
 }
 
 // process drains the queue until no work remains with notifications enabled;
-// false means the queue broke and the worker must stop.
+// false means the queue broke and the worker must stop. Requests popped
+// together run concurrently; their used entries are published once all of
+// them are done.
 func (w *worker) process() bool {
 	q := w.q
 	for {
 		q.DisableNotification()
 		for {
-			ok, err := q.Pop(&w.chain)
-			if errors.Is(err, virtq.ErrBroken) {
-				w.r.sess.srv.opts.Logf("vhostuser: queue %d stopped: %v", w.r.index, err)
+			n, broken := w.popBatch()
+			if n > 0 {
+				w.runBatch(n)
+				for i := 0; i < n; i++ {
+					if err := q.PushUsed(w.chains[i].Head, w.used[i]); err != nil {
+						w.r.signal(true)
+						return false
+					}
+				}
+			}
+			if broken {
 				w.r.signal(true)
 				return false
 			}
-			if !ok {
+			if n < maxBatch {
 				break
-			}
-			var n uint32
-			if err != nil {
-				w.r.sess.srv.opts.Logf("vhostuser: queue %d: %v", w.r.index, err)
-			} else {
-				n = w.r.sess.handlerBlk.handle(&w.chain)
-			}
-			if err := q.PushUsed(w.chain.Head, n); err != nil {
-				w.r.signal(true)
-				return false
 			}
 		}
 		if q.NeedsNotification() {
@@ -298,4 +307,52 @@ func (w *worker) process() bool {
 			return true
 		}
 	}
+}
+
+// popBatch pops up to maxBatch chains; a chain the walker refused gets used
+// length 0 and no handling. broken reports a queue that must stop (the
+// chains popped before it are still completed).
+func (w *worker) popBatch() (n int, broken bool) {
+	for n < maxBatch {
+		ok, err := w.q.Pop(&w.chains[n])
+		if errors.Is(err, virtq.ErrBroken) {
+			w.r.sess.srv.opts.Logf("vhostuser: queue %d stopped: %v", w.r.index, err)
+			return n, true
+		}
+		if !ok {
+			return n, false
+		}
+		w.used[n] = 0
+		if err != nil {
+			w.r.sess.srv.opts.Logf("vhostuser: queue %d: %v", w.r.index, err)
+			w.used[n] = noHandle
+		}
+		n++
+	}
+	return n, false
+}
+
+// noHandle marks a popped chain that must be returned unhandled.
+const noHandle = ^uint32(0)
+
+func (w *worker) runBatch(n int) {
+	h := w.r.sess.handlerBlk
+	run := func(i int) {
+		if w.used[i] == noHandle {
+			w.used[i] = 0
+			return
+		}
+		w.used[i] = h.handle(&w.chains[i])
+	}
+	if n == 1 {
+		run(0)
+		return
+	}
+	var wg sync.WaitGroup
+	for i := 1; i < n; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); run(i) }()
+	}
+	run(0)
+	wg.Wait()
 }
