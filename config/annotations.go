@@ -3,9 +3,10 @@ package config
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -57,12 +58,7 @@ func (c *Config) Clone() *Config {
 func ApplyAnnotations(c *Config, annotations map[string]string) (*Config, error) {
 	n := c.Clone()
 	q := n.QEMU()
-	keys := make([]string, 0, len(annotations))
-	for k := range annotations {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(annotations)) {
 		if !strings.HasPrefix(k, AnnotationHypervisorPrefix) {
 			continue
 		}

@@ -198,7 +198,7 @@ func NewSandbox(ctx context.Context, spec SandboxSpec) (_ *Sandbox, err error) {
 // its device to the VM and returns the storages the agent mounts.
 func (s *Sandbox) prepareBackend(ctx context.Context, host *hostProbe, vmc *hypervisor.VMConfig, spec SandboxSpec) ([]*pb.Storage, error) {
 	q := s.cfg.QEMU()
-	shm := &pb.Storage{Driver: "ephemeral", Source: "shm", Fstype: "tmpfs", MountPoint: "/run/kata-containers/sandbox/shm", Options: []string{"noexec", "nosuid", "nodev", "mode=1777", "size=67108864"}}
+	shm := &pb.Storage{Driver: "ephemeral", Source: "shm", Fstype: "tmpfs", MountPoint: guestSandboxShm, Options: []string{"noexec", "nosuid", "nodev", "mode=1777", "size=67108864"}}
 	switch s.Decision.Backend {
 	case config.SharedFSImagefsBlk:
 		d, err := s.createDisk(ctx, spec.ID, spec.Rootfs, spec.RootfsIndex)

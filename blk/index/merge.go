@@ -3,6 +3,7 @@ package index
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 )
@@ -198,12 +199,7 @@ func (o *emitter) emit(p string, n *mnode) error {
 	if !n.isDir || len(n.kids) == 0 {
 		return nil
 	}
-	names := make([]string, 0, len(n.kids))
-	for k := range n.kids {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	for _, k := range names {
+	for _, k := range slices.Sorted(maps.Keys(n.kids)) {
 		if err := o.emit(joinPath(p, k), n.kids[k]); err != nil {
 			return err
 		}

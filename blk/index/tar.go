@@ -3,6 +3,7 @@ package index
 import (
 	"archive/tar"
 	"context"
+	"maps"
 
 	"fmt"
 	"io"
@@ -446,12 +447,7 @@ func (t *tarReader) flatten(p string, n *lnode, seen map[*linode]string) error {
 	if !n.isDir || len(n.kids) == 0 {
 		return nil
 	}
-	names := make([]string, 0, len(n.kids))
-	for k := range n.kids {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	for _, k := range names {
+	for _, k := range slices.Sorted(maps.Keys(n.kids)) {
 		if err := t.flatten(joinPath(p, k), n.kids[k], seen); err != nil {
 			return err
 		}
