@@ -180,15 +180,12 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 	}
 	streamCtx, stopStreams := context.WithCancel(ctx)
 	defer stopStreams()
-	var copies sync.WaitGroup
-	copies.Add(2)
 	keepStatus := make(chan int, 1)
 	errOut := stderr
 	if r.keep {
 		errOut = &markerWriter{w: stderr, status: keepStatus}
 	}
-	go func() { defer copies.Done(); io.Copy(stdout, a.StreamReader(streamCtx, cid, cid, false)) }()
-	go func() { defer copies.Done(); io.Copy(errOut, a.StreamReader(streamCtx, cid, cid, true)) }()
+	copies := pumpOutput(streamCtx, a, cid, cid, stdout, errOut)
 	if r.keep {
 		var code int
 		select {
@@ -242,6 +239,16 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 	case <-time.After(5 * time.Second):
 	}
 	return int(res.code), nil
+}
+
+// pumpOutput copies a process's stdout and stderr from the agent until they
+// end (or ctx does); wait on the result for both to be drained.
+func pumpOutput(ctx context.Context, a *agent.Client, cid, eid string, stdout, stderr io.Writer) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); io.Copy(stdout, a.StreamReader(ctx, cid, eid, false)) }()
+	go func() { defer wg.Done(); io.Copy(stderr, a.StreamReader(ctx, cid, eid, true)) }()
+	return &wg
 }
 
 // markerWriter passes stderr through until the --keep wrapper's marker,
@@ -332,10 +339,7 @@ func ExecCommand(ctx context.Context, args []string, stdout, stderr io.Writer, d
 		}
 		return 1
 	}
-	var copies sync.WaitGroup
-	copies.Add(2)
-	go func() { defer copies.Done(); io.Copy(stdout, a.StreamReader(ctx, id, eid, false)) }()
-	go func() { defer copies.Done(); io.Copy(stderr, a.StreamReader(ctx, id, eid, true)) }()
+	copies := pumpOutput(ctx, a, id, eid, stdout, stderr)
 	code, err := a.WaitProcess(ctx, id, eid)
 	if err != nil {
 		fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
