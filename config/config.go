@@ -71,6 +71,8 @@ type QEMU struct {
 	Msize9p                   uint32   `toml:"msize_9p"`
 	BlockDeviceDriver         string   `toml:"block_device_driver"`
 	DisableBlockDeviceUse     bool     `toml:"disable_block_device_use"`
+	BlockDeviceCacheDirect    bool     `toml:"block_device_cache_direct"`
+	BlockDeviceAIO            string   `toml:"block_device_aio"`
 	EnableVhostUserStore      bool     `toml:"enable_vhost_user_store"`
 	VhostUserStorePath        string   `toml:"vhost_user_store_path"`
 	EnableDebug               bool     `toml:"enable_debug"`
@@ -181,6 +183,7 @@ func Default() *Config {
 			VirtioFSCache:      "auto",
 			Msize9p:            8192,
 			BlockDeviceDriver:  "virtio-scsi",
+			BlockDeviceAIO:     "io_uring",
 			DefaultBridges:     1,
 			MemorySlots:        10,
 			VhostUserStorePath: "/var/run/kata-containers/vhost-user",

@@ -160,6 +160,8 @@ func TestValidateErrorsNameTheKey(t *testing.T) {
 		{"block size", func(c *Config, h *HostFacts) { c.KataFSX.ImagefsBlk.BlockSize = 8192 }, "kata_fsx.imagefs_blk.block_size", "1024, 2048 or 4096"},
 		{"accelerator", func(c *Config, h *HostFacts) { c.KataFSX.Accelerator = "hvf" }, "kata_fsx.accelerator", "unknown accelerator"},
 		{"transport", func(c *Config, h *HostFacts) { c.KataFSX.AgentTransport = "tcp" }, "kata_fsx.agent_transport", "unknown agent transport"},
+		{"block aio", func(c *Config, h *HostFacts) { c.QEMU().BlockDeviceAIO = "posix" }, "hypervisor.qemu.block_device_aio", "unknown aio mode"},
+		{"native aio without O_DIRECT", func(c *Config, h *HostFacts) { c.QEMU().BlockDeviceAIO = "native" }, "hypervisor.qemu.block_device_aio", "needs O_DIRECT"},
 		{"image and initrd", func(c *Config, h *HostFacts) { c.QEMU().Image = "/img" }, "hypervisor.qemu.initrd", "image and an initrd"},
 	}
 	for _, tc := range cases {

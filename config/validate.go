@@ -76,6 +76,16 @@ func Validate(c *Config, host HostFacts) error {
 		add(&Error{Key: "hypervisor.qemu.virtio_fs_queue_size", Value: fmt.Sprint(q.VirtioFSQueueSize),
 			Problem: "must be a power of two between 1 and 1024", Fix: "use 1024 (Kata's default)"})
 	}
+	switch q.BlockDeviceAIO {
+	case "threads", "native", "io_uring":
+	default:
+		add(&Error{Key: "hypervisor.qemu.block_device_aio", Value: q.BlockDeviceAIO,
+			Problem: "unknown aio mode", Fix: `use "io_uring" (Kata's default), "threads" or "native"`})
+	}
+	if q.BlockDeviceAIO == "native" && !q.BlockDeviceCacheDirect {
+		add(&Error{Key: "hypervisor.qemu.block_device_aio", Value: q.BlockDeviceAIO,
+			Problem: "QEMU's native aio needs O_DIRECT", Fix: `set block_device_cache_direct = true, or use "io_uring"`})
+	}
 	if q.VirtioFSCacheSize > 0 {
 		if host.QEMUProbed && !host.QEMUHasDAX {
 			add(&Error{Key: "hypervisor.qemu.virtio_fs_cache_size", Value: fmt.Sprint(q.VirtioFSCacheSize),

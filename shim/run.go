@@ -37,14 +37,15 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer, de
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgPath := fs.String("config", "", "configuration file (default: the usual lookup)")
-	backend := fs.String("backend", "", "virtio-fs, virtio-9p or imagefs-blk (default: the configuration's policy)")
-	rootfs := fs.String("rootfs", "", "the container's root filesystem: a host directory, or for imagefs-blk dir:PATH, layers:L1:L2:..., oci:PATH[:TAG], oci-archive:PATH[:TAG]")
+	backend := fs.String("backend", "", "virtio-fs, virtio-9p, imagefs-blk, or virtio-blk (a raw image) (default: the configuration's policy)")
+	rootfs := fs.String("rootfs", "", "the container's root filesystem: a host directory, or for imagefs-blk dir:PATH, layers:L1:L2:..., oci:PATH[:TAG], oci-archive:PATH[:TAG], or for virtio-blk raw:FILE (an ext4 image)")
 	keep := fs.Bool("keep", false, "leave the VM running after the command and print how to reach it")
 	id := fs.String("id", "", "sandbox id (default: run-<random>)")
+	statsFile := fs.String("stats-file", "", "write timings and the serving processes' I/O and memory counters to this JSON file")
 	var anns stringList
 	fs.Var(&anns, "annotation", "pod annotation key=value (repeatable)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kata-fsx run [--config F] [--backend virtio-fs|virtio-9p|imagefs-blk] --rootfs SOURCE [--annotation k=v]... [--keep] -- CMD [ARGS...]")
+		fmt.Fprintln(stderr, "usage: kata-fsx run [--config F] [--backend virtio-fs|virtio-9p|imagefs-blk|virtio-blk] --rootfs SOURCE [--annotation k=v]... [--keep] [--stats-file F] -- CMD [ARGS...]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -59,21 +60,34 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer, de
 		fmt.Fprintf(stderr, "kata-fsx run: %v\n", err)
 		return 1
 	}
+	began := time.Now()
 	c, err := config.Load(*cfgPath, defaultConfig)
 	if err != nil {
 		return fail(err)
 	}
 	switch *backend {
-	case "", config.SharedFSVirtioFS, config.SharedFS9P, config.SharedFSImagefsBlk:
+	case "", config.SharedFSVirtioFS, config.SharedFS9P, config.SharedFSImagefsBlk, BackendVirtioBlk:
 	default:
-		return fail(fmt.Errorf("--backend %q: use virtio-fs, virtio-9p or imagefs-blk", *backend))
+		return fail(fmt.Errorf("--backend %q: use virtio-fs, virtio-9p, imagefs-blk or virtio-blk", *backend))
 	}
 	var (
-		dir   string
-		idx   *index.Index
-		rspec = config.Rootfs{Kind: config.RootfsDir}
+		dir, rawFile string
+		idx          *index.Index
+		rspec        = config.Rootfs{Kind: config.RootfsDir}
 	)
-	if kind, rest, ok := strings.Cut(*rootfs, ":"); ok && (kind == "dir" || kind == "layers" || kind == "oci" || kind == "oci-archive") {
+	rawPath, isRaw := strings.CutPrefix(*rootfs, "raw:")
+	if (*backend == BackendVirtioBlk) != isRaw {
+		return fail(fmt.Errorf("--rootfs %s: --backend virtio-blk takes the rootfs as raw:FILE (an ext4 image), and raw: only goes with --backend virtio-blk", *rootfs))
+	}
+	if isRaw {
+		if rawFile, err = filepath.Abs(rawPath); err != nil {
+			return fail(err)
+		}
+		if fi, err := os.Stat(rawFile); err != nil || !fi.Mode().IsRegular() {
+			return fail(fmt.Errorf("--rootfs %s: not a regular file", *rootfs))
+		}
+		rspec = config.Rootfs{Kind: config.RootfsOther, Why: "a raw image file"}
+	} else if kind, rest, ok := strings.Cut(*rootfs, ":"); ok && (kind == "dir" || kind == "layers" || kind == "oci" || kind == "oci-archive") {
 		if kind == "dir" {
 			dir = rest
 		} else {
@@ -88,7 +102,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer, de
 	} else {
 		dir = *rootfs
 	}
-	if idx == nil {
+	if idx == nil && rawFile == "" {
 		if dir, err = filepath.Abs(dir); err != nil {
 			return fail(err)
 		}
@@ -112,8 +126,8 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer, de
 	}
 	code, err := runOne(ctx, runRequest{
 		sandbox: SandboxSpec{ID: *id, Config: c, Annotations: annotations, Backend: *backend, Hostname: *id,
-			Rootfs: rspec, RootfsIndex: idx},
-		rootfs: dir, args: cmd, keep: *keep,
+			Rootfs: rspec, RootfsIndex: idx, RootfsBlockFile: rawFile},
+		rootfs: dir, args: cmd, keep: *keep, statsFile: *statsFile, began: began,
 	}, stdout, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "kata-fsx run: %v\n", err)
@@ -122,10 +136,12 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer, de
 }
 
 type runRequest struct {
-	sandbox SandboxSpec
-	rootfs  string
-	args    []string
-	keep    bool
+	sandbox   SandboxSpec
+	rootfs    string
+	args      []string
+	keep      bool
+	statsFile string
+	began     time.Time
 }
 
 // exitNotExecutable is the shell's status for a command that cannot run.
@@ -148,7 +164,16 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 		return 1, err
 	}
 	fmt.Fprintf(stderr, "kata-fsx run: sandbox %s: backend %s (%s)\n", sb.ID, sb.Decision.Backend, sb.Decision.Reason)
+	stats := &RunStats{SandboxID: sb.ID, Backend: sb.Decision.Backend, Reason: sb.Decision.Reason,
+		ReadySeconds: time.Since(r.began).Seconds(), AtReady: sb.Sample()}
 	defer func() {
+		if r.statsFile != "" {
+			// Sampled before teardown, while the processes still exist.
+			stats.AtEnd = sb.Sample()
+			if err := writeStats(r.statsFile, stats); err != nil {
+				fmt.Fprintf(stderr, "kata-fsx run: %v\n", err)
+			}
+		}
 		if err := sb.Stop(context.Background()); err != nil {
 			fmt.Fprintf(stderr, "kata-fsx run: teardown: %v\n", err)
 		}
@@ -178,6 +203,8 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 		}
 		return 1, err
 	}
+	stats.StartSeconds = time.Since(r.began).Seconds()
+	stats.AtStart = sb.Sample()
 	streamCtx, stopStreams := context.WithCancel(ctx)
 	defer stopStreams()
 	keepStatus := make(chan int, 1)

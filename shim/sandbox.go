@@ -39,7 +39,19 @@ type SandboxSpec struct {
 	// RootfsIndex, when set, is the first container's rootfs already
 	// indexed (an OCI image); otherwise imagefs-blk indexes Rootfs.Layers.
 	RootfsIndex *index.Index
+	// RootfsBlockFile is the first container's rootfs as a raw ext4 image
+	// file, for BackendVirtioBlk.
+	RootfsBlockFile string
 }
+
+// BackendVirtioBlk serves a prebuilt raw ext4 image file as the first
+// container's rootfs behind QEMU's own virtio-blk-pci, the way Kata hands
+// a block-device rootfs to the guest. The policy never picks it: it is
+// what `kata-fsx run --backend virtio-blk` and the benchmarks' ceiling use.
+const BackendVirtioBlk = "virtio-blk"
+
+// rootBlkID is the QEMU id of a BackendVirtioBlk rootfs disk.
+const rootBlkID = "rootfs-blk-0"
 
 // Sandbox is a running pod VM with its filesystem backend and agent connection.
 type Sandbox struct {
@@ -60,9 +72,11 @@ type Sandbox struct {
 	mu sync.Mutex // guards the fields below
 	// disks are the imagefs-blk disks by container id, with the QEMU
 	// device each is plugged in as.
-	disks    map[string]*podDisk
-	diskSeq  int  // numbers disks, their sockets and QEMU ids
-	stopping bool // Stop began: no new disk may be registered
+	disks map[string]*podDisk
+	// rootBlkFor is the container whose rootfs is the BackendVirtioBlk disk.
+	rootBlkFor string
+	diskSeq    int  // numbers disks, their sockets and QEMU ids
+	stopping   bool // Stop began: no new disk may be registered
 
 	failOnce sync.Once
 	failed   chan struct{}
@@ -222,6 +236,17 @@ func (s *Sandbox) prepareBackend(ctx context.Context, host *hostProbe, vmc *hype
 			return nil, err
 		}
 		return []*pb.Storage{st, shm}, nil
+	case BackendVirtioBlk:
+		if spec.RootfsBlockFile == "" {
+			return nil, fmt.Errorf("sandbox %s: backend %s needs a raw image file as the rootfs", s.ID, BackendVirtioBlk)
+		}
+		cache := "writeback"
+		if q.BlockDeviceCacheDirect {
+			cache = "none"
+		}
+		vmc.Devices = append(vmc.Devices, &hypervisor.VirtioBlk{ID: rootBlkID, Path: spec.RootfsBlockFile, Format: "raw", Cache: cache, AIO: q.BlockDeviceAIO})
+		s.rootBlkFor = spec.ID
+		return []*pb.Storage{shm}, nil
 	case config.SharedFS9P:
 		var err error
 		if s.shared, err = virtiofs.NewSharedDir(s.Dir); err != nil {
@@ -384,6 +409,17 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 		if spec.Root.Path, err = s.shared.BindRootfs(c.ID, c.RootfsDir, readonly); err != nil {
 			return err
 		}
+	case BackendVirtioBlk:
+		if c.ID != s.rootBlkFor {
+			return fmt.Errorf("container %s: backend %s serves only the rootfs of the sandbox's first container (%s)", c.ID, BackendVirtioBlk, s.rootBlkFor)
+		}
+		path, ok := s.vm.Plan().PCIPaths[rootBlkID]
+		if !ok {
+			return fmt.Errorf("container %s: device %s has no PCI path", c.ID, rootBlkID)
+		}
+		mp := virtiofs.GuestSharedMount + c.ID
+		storages = append(storages, &pb.Storage{Driver: "blk", Source: string(path), Fstype: "ext4", MountPoint: mp})
+		spec.Root.Path = mp
 	default:
 		return fmt.Errorf("container %s: backend %s is not wired yet", c.ID, s.Decision.Backend)
 	}

@@ -1,0 +1,134 @@
+package shim
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/kata-fsx/kata-fsx/config"
+)
+
+// ProcessRef is a host process that does work for a sandbox.
+type ProcessRef struct {
+	Role string `json:"role"` // qemu, virtiofsd, or kata-fsx (the in-process imagefs-blk server)
+	PID  int    `json:"pid"`
+	// ServesRootfs is set on the process that reads the rootfs's bytes
+	// from the host for the guest.
+	ServesRootfs bool `json:"serves_rootfs"`
+}
+
+// Processes lists the host processes working for the sandbox.
+func (s *Sandbox) Processes() []ProcessRef {
+	var refs []ProcessRef
+	b := s.Decision.Backend
+	if s.vm != nil {
+		refs = append(refs, ProcessRef{Role: "qemu", PID: s.vm.Pid(), ServesRootfs: b == config.SharedFS9P || b == BackendVirtioBlk})
+	}
+	if s.vfsd != nil {
+		refs = append(refs, ProcessRef{Role: "virtiofsd", PID: s.vfsd.Pid(), ServesRootfs: b == config.SharedFSVirtioFS})
+	}
+	if b == config.SharedFSImagefsBlk {
+		refs = append(refs, ProcessRef{Role: "kata-fsx", PID: os.Getpid(), ServesRootfs: true})
+	}
+	return refs
+}
+
+// ProcessSample is what /proc says about one process at one moment.
+type ProcessSample struct {
+	ProcessRef
+	// RChar and ReadBytes are /proc/PID/io's rchar (bytes read by
+	// read-like syscalls, page cache hits included) and read_bytes (bytes
+	// fetched from storage; O_DIRECT and io_uring reads show only here).
+	RChar     uint64 `json:"rchar"`
+	ReadBytes uint64 `json:"read_bytes"`
+	RSSKiB    uint64 `json:"rss_kib"`
+	HWMKiB    uint64 `json:"hwm_kib"` // peak RSS
+	Error     string `json:"error,omitempty"`
+}
+
+// Sample reads the counters of every process of the sandbox.
+func (s *Sandbox) Sample() []ProcessSample {
+	var out []ProcessSample
+	for _, r := range s.Processes() {
+		ps := ProcessSample{ProcessRef: r}
+		if err := ps.read(); err != nil {
+			ps.Error = err.Error()
+		}
+		out = append(out, ps)
+	}
+	return out
+}
+
+func (ps *ProcessSample) read() error {
+	io, err := procFields(fmt.Sprintf("/proc/%d/io", ps.PID))
+	if err != nil {
+		return err
+	}
+	st, err := procFields(fmt.Sprintf("/proc/%d/status", ps.PID))
+	if err != nil {
+		return err
+	}
+	ps.RChar, ps.ReadBytes = io["rchar"], io["read_bytes"]
+	ps.RSSKiB, ps.HWMKiB = st["VmRSS"], st["VmHWM"]
+	return nil
+}
+
+// procFields parses the "key: number [kB]" lines of a /proc file.
+func procFields(path string) (map[string]uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	m := map[string]uint64{}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		if n, err := strconv.ParseUint(f[0], 10, 64); err == nil {
+			m[k] = n
+		}
+	}
+	return m, nil
+}
+
+// RunStats is what `kata-fsx run --stats-file` records about one run, for
+// the benchmarks: when the process started and what the host processes
+// serving the pod read and held.
+type RunStats struct {
+	SandboxID string `json:"sandbox_id"`
+	Backend   string `json:"backend"`
+	Reason    string `json:"reason"`
+	// ReadySeconds runs from the start of `run` to the sandbox being up
+	// (VM booted, agent answering; an imagefs-blk disk built and served).
+	ReadySeconds float64 `json:"ready_seconds"`
+	// StartSeconds runs from the start of `run` to the agent reporting the
+	// container's process started (rootfs mounted, entrypoint executed).
+	StartSeconds float64 `json:"start_seconds"`
+	// AtReady, AtStart and AtEnd sample the processes when the sandbox is
+	// up, when the container's process has started, and when it has
+	// exited (before teardown).
+	AtReady []ProcessSample `json:"at_ready"`
+	AtStart []ProcessSample `json:"at_start"`
+	AtEnd   []ProcessSample `json:"at_end"`
+}
+
+func writeStats(path string, st *RunStats) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("--stats-file: %w", err)
+	}
+	return nil
+}
