@@ -18,7 +18,7 @@ STATEDIR   ?= /var/lib/kata-fsx/imagefs-blk
 LDFLAGS    := -X github.com/kata-fsx/kata-fsx/cli.Version=$(VERSION)
 BINARIES   := kata-fsx containerd-shim-kata-fsx-v2
 
-.PHONY: all build test lint fuzz install clean guest bench bench-image bench-blk
+.PHONY: all build test lint fuzz install clean guest bench bench-suite bench-image bench-blk
 
 all: build
 
@@ -61,8 +61,13 @@ install: build
 	install -m 0644 $(BUILD)/configuration.toml $(DESTDIR)/etc/kata-containers/configuration.toml
 
 # Benchmarks write their tables into docs/benchmarks.md and raw numbers
-# into docs/bench/*.json.
-bench: bench-image bench-blk
+# into docs/bench/*.json. bench-suite is `kata-fsx bench`: every backend
+# side by side on the bench image (built once from Debian packages and
+# the npm registry, cached in build/cache); BENCH_FLAGS passes options.
+bench: bench-suite bench-image bench-blk
+
+bench-suite: build guest
+	img=$$(test/fixtures/bench-image.sh $(BUILD)/cache) && bin/kata-fsx bench --image "$$img" $(BENCH_FLAGS)
 
 bench-image:
 	$(GO) run ./test/bench/imagebench -reps 5

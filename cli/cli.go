@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+
+	"github.com/kata-fsx/kata-fsx/bench"
 )
 
 // Version is kata-fsx's release, set at link time by the Makefile.
@@ -19,6 +21,7 @@ Commands:
   image    build, inspect and export imagefs-blk images (see kata-fsx image help)
   run      boot a one-off pod VM and run a command in it (see kata-fsx run -h)
   exec     run a command in a pod left running by run --keep
+  bench    compare the filesystem backends side by side (see kata-fsx bench -h)
   version  print the version
 
 Run 'kata-fsx COMMAND -h' for a command's options.
@@ -37,6 +40,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runCheck(ctx, args[1:], stdout, stderr)
 	case "image":
 		return runImage(ctx, args[1:], stdout, stderr)
+	case "bench":
+		return bench.Main(ctx, args[1:], stdout, stderr, DevConfig())
 	case "version", "--version":
 		fmt.Fprintf(stdout, "kata-fsx %s\n", Version)
 		return 0

@@ -1,0 +1,301 @@
+// Package bench is `kata-fsx bench`: it runs the same workloads on every
+// filesystem backend side by side, each in a pod VM booted through
+// `kata-fsx run` (the shim's sandbox code) on the same bench image, plus
+// once on the host for reference, and writes the results as JSON, a
+// Markdown report and PNG charts.
+package bench
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/hypervisor"
+	"github.com/kata-fsx/kata-fsx/virtiofs"
+)
+
+// Options are the settings of one bench run.
+type Options struct {
+	ConfigPath string
+	Image      string // the bench image's root directory
+	Backends   []Row
+	Baseline   string // the row ratios are computed against
+	Reps       int
+	StartReps  int // boots per VM row for the cold-start samples
+	FioMB      int
+	FioSecs    int
+	DbenchSecs int
+	SqliteRows int
+	Only       string // comma-separated workloads; empty = all
+	VCPUs      int
+	MemoryMiB  int
+	RowTimeout time.Duration
+	OutJSON    string
+	OutMD      string // Markdown file whose bench section is replaced
+	ChartDir   string
+	KataFSX    string // the kata-fsx binary the rows run
+	TmpDir     string
+	Command    string // the command line, for the report
+}
+
+type driver struct {
+	o     Options
+	base  *config.Config
+	caps  HostCaps
+	host  map[string]string
+	accel string
+	aio   string
+	tmp   string
+	log   io.Writer
+}
+
+func (d *driver) logf(format string, args ...any) {
+	fmt.Fprintf(d.log, "bench: "+format+"\n", args...)
+}
+
+// progress turns the script's result lines into progress messages.
+func (d *driver) progress(row string) io.Writer { return &progressWriter{d: d, row: row} }
+
+type progressWriter struct {
+	d   *driver
+	row string
+	buf []byte
+}
+
+func (p *progressWriter) Write(b []byte) (int, error) {
+	p.buf = append(p.buf, b...)
+	for {
+		i := strings.IndexByte(string(p.buf), '\n')
+		if i < 0 {
+			break
+		}
+		f := strings.Fields(string(p.buf[:i]))
+		p.buf = p.buf[i+1:]
+		switch {
+		case len(f) == 5 && f[0] == "@@RESULT":
+			p.d.logf("%s: %s rep %s: %s %s", p.row, f[1], f[2], f[3], f[4])
+		case len(f) >= 3 && f[0] == "@@FAIL":
+			p.d.logf("%s: %s rep %s FAILED: %s", p.row, f[1], f[2], strings.Join(f[3:], " "))
+		}
+	}
+	if len(p.buf) > maxLine {
+		p.buf = p.buf[:0] // not a protocol line; the parser sees the full output
+	}
+	return len(b), nil
+}
+
+// Main runs `kata-fsx bench` and returns the exit status.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer, defaultConfig string) int {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o Options
+	backends := fs.String("backends", strings.Join(DefaultBackends(), ";"), "rows, separated by ';' (or ','): host, virtio-9p, virtio-fs[:cache=never|auto|always,threads=N,dax=MiB], imagefs-blk, virtio-blk; VM rows also take agent=vsock")
+	fs.StringVar(&o.ConfigPath, "config", "", "base configuration (default: the usual lookup)")
+	fs.StringVar(&o.Image, "image", "", "bench image root directory (test/fixtures/bench-image.sh builds one; make bench passes it)")
+	fs.StringVar(&o.Baseline, "baseline", "virtio-fs:cache=auto", "row the ratio chart and table compare against")
+	fs.IntVar(&o.Reps, "reps", 3, "repetitions of every workload")
+	fs.IntVar(&o.StartReps, "start-reps", 3, "boots per VM row for cold-start samples (the workload boot is the first)")
+	fs.IntVar(&o.FioMB, "fio-size", 64, "MiB of the fio file")
+	fs.IntVar(&o.FioSecs, "fio-runtime", 3, "seconds per fio job")
+	fs.IntVar(&o.DbenchSecs, "dbench-time", 5, "seconds of dbench")
+	fs.IntVar(&o.SqliteRows, "sqlite-rows", 10000, "rows the sqlite workload inserts")
+	fs.StringVar(&o.Only, "only", "", "comma-separated workloads to run (default all)")
+	fs.IntVar(&o.VCPUs, "vcpus", 1, "guest vCPUs")
+	fs.IntVar(&o.MemoryMiB, "memory", 1024, "guest memory in MiB")
+	fs.DurationVar(&o.RowTimeout, "row-timeout", 10*time.Minute, "time limit of one row; a row over it is reported as failed")
+	fs.StringVar(&o.OutJSON, "json", "docs/bench/suite.json", "raw results")
+	fs.StringVar(&o.OutMD, "md", "docs/benchmarks.md", "Markdown file whose suite section is replaced (created if missing)")
+	fs.StringVar(&o.ChartDir, "charts", "docs/bench", "directory of the PNG charts")
+	fs.StringVar(&o.TmpDir, "tmp", "", "scratch directory on a disk filesystem (default $TMPDIR)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var err error
+	if o.Backends, err = ParseRows(*backends); err != nil {
+		fmt.Fprintf(stderr, "kata-fsx bench: %v\n", err)
+		return 2
+	}
+	if o.Image == "" {
+		fmt.Fprintln(stderr, "kata-fsx bench: --image is required (build one with test/fixtures/bench-image.sh, or run make bench)")
+		return 2
+	}
+	if o.Reps < 1 || o.StartReps < 1 || o.FioMB < 1 || o.FioSecs < 1 || o.DbenchSecs < 1 || o.SqliteRows < 1 || o.VCPUs < 1 || o.MemoryMiB < 256 {
+		fmt.Fprintln(stderr, "kata-fsx bench: --reps, --start-reps, --fio-size, --fio-runtime, --dbench-time, --sqlite-rows and --vcpus must be positive, --memory at least 256")
+		return 2
+	}
+	if o.KataFSX, err = os.Executable(); err != nil {
+		fmt.Fprintf(stderr, "kata-fsx bench: %v\n", err)
+		return 1
+	}
+	o.Command = "kata-fsx bench " + strings.Join(args, " ")
+	if err := Run(ctx, o, defaultConfig, stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "kata-fsx bench: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// Report is the JSON document of a run.
+type Report struct {
+	Date     string            `json:"date"`
+	Command  string            `json:"command"`
+	Host     map[string]string `json:"host"`
+	Settings map[string]any    `json:"settings"`
+	Rows     []*RowResult      `json:"rows"`
+	Seconds  float64           `json:"wall_seconds"`
+}
+
+// Run measures every row of o and writes the report files.
+func Run(ctx context.Context, o Options, defaultConfig string, stdout, stderr io.Writer) (err error) {
+	started := time.Now()
+	d := &driver{o: o, log: stderr}
+	if fi, err := os.Stat(filepath.Join(o.Image, "bin")); err != nil || !fi.IsDir() {
+		return fmt.Errorf("--image %s: not a root filesystem (no bin/)", o.Image)
+	}
+	if d.o.Image, err = filepath.Abs(o.Image); err != nil {
+		return err
+	}
+	if d.base, err = config.Load(o.ConfigPath, defaultConfig); err != nil {
+		return err
+	}
+	if d.tmp, err = os.MkdirTemp(o.TmpDir, "kata-fsx-bench-"); err != nil {
+		return err
+	}
+	defer func() {
+		if rmErr := os.RemoveAll(d.tmp); rmErr != nil {
+			err = errors.Join(err, rmErr)
+		}
+	}()
+	if err := d.probeHost(ctx); err != nil {
+		return err
+	}
+	d.logf("host: %s, %s CPUs, accelerator %s; QEMU %s; virtiofsd %s", d.host["cpu"], d.host["cpus"], d.accel, d.host["qemu"], d.host["virtiofsd"])
+	var rows []*RowResult
+	for i, r := range o.Backends {
+		if ctx.Err() != nil {
+			rows = append(rows, &RowResult{Spec: r.Spec, Kind: r.Kind, Error: "not run: interrupted"})
+			continue
+		}
+		rows = append(rows, d.runRow(ctx, i, r))
+	}
+	rep := &Report{
+		Date: started.UTC().Format(time.RFC3339), Command: o.Command, Host: d.host, Rows: rows,
+		Settings: map[string]any{
+			"reps": o.Reps, "start_reps": o.StartReps, "fio_file_mib": o.FioMB, "fio_runtime_s": o.FioSecs,
+			"dbench_s": o.DbenchSecs, "sqlite_rows": o.SqliteRows, "only": o.Only, "vcpus": o.VCPUs, "memory_mib": o.MemoryMiB,
+			"baseline": o.Baseline, "image": o.Image, "block_device_aio": d.aio,
+		},
+		Seconds: time.Since(started).Seconds(),
+	}
+	rep.Host["loadavg_end"] = loadAvg()
+	if err := writeReport(rep, o, stdout); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	// The report is written either way; the exit status tells a script
+	// that some numbers are missing.
+	var failed []string
+	for _, r := range rows {
+		if r.Error != "" {
+			failed = append(failed, r.Spec)
+			continue
+		}
+		if r.Output != nil {
+			for _, w := range Workloads() {
+				if len(r.Output.Failures[w.Name]) > 0 {
+					failed = append(failed, r.Spec+" "+w.Name)
+				}
+			}
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("report written to %s, but these failed (errors in the report): %s", o.OutMD, strings.Join(failed, ", "))
+	}
+	return nil
+}
+
+func (d *driver) probeHost(ctx context.Context) error {
+	q := d.base.QEMU()
+	caps, err := hypervisor.Probe(ctx, q.Path)
+	if err != nil {
+		return err
+	}
+	d.caps = HostCaps{Root: os.Geteuid() == 0, DAX: caps.DAX, QEMUVersion: caps.VersionLine}
+	if _, err := os.Stat("/dev/vhost-vsock"); err == nil {
+		d.caps.VhostVsock = true
+	}
+	d.host = map[string]string{
+		"cpus": fmt.Sprint(runtime.NumCPU()), "qemu": caps.VersionLine, "go": runtime.Version(),
+		"cpu": "unknown", "loadavg_start": loadAvg(), "virtiofsd": "none configured",
+	}
+	if q.VirtioFSDaemon != "" {
+		if dm, err := virtiofs.Detect(ctx, q.VirtioFSDaemon); err == nil {
+			d.caps.Virtiofsd = dm.Path
+			d.host["virtiofsd"] = fmt.Sprintf("%s (%s flavour, %s)", dm.Path, dm.Flavour, dm.Version)
+		} else {
+			d.host["virtiofsd"] = err.Error()
+		}
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+				d.host["cpu"] = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		d.host["kernel"] = strings.TrimSpace(string(b))
+	}
+	// One accelerator verdict for every row, so no row pays the KVM boot probe.
+	accel, why := hypervisor.Accel(d.base.KataFSX.Accelerator), "set by kata_fsx.accelerator"
+	if d.base.KataFSX.Accelerator == config.AccelAuto {
+		accel, why = hypervisor.ResolveAccel(ctx, q.Path, q.Kernel, d.base.KataFSX.StateDir)
+	}
+	d.accel, d.caps.Accel = string(accel), string(accel)
+	d.host["accel"], d.host["accel_reason"] = string(accel), why
+	d.aio, d.host["block_device_aio"] = d.probeAIO(ctx)
+	return nil
+}
+
+// probeAIO picks io_uring for the raw virtio-blk row when QEMU's block
+// layer can use it here, threads otherwise, with the reason.
+func (d *driver) probeAIO(ctx context.Context) (string, string) {
+	qio, err := exec.LookPath("qemu-io")
+	if err != nil {
+		return "threads", "threads (qemu-io not found to probe io_uring)"
+	}
+	f := filepath.Join(d.tmp, "aio-probe.raw")
+	if err := os.WriteFile(f, make([]byte, 1<<16), 0o600); err != nil {
+		return "threads", "threads (" + err.Error() + ")"
+	}
+	defer os.Remove(f)
+	out, err := exec.CommandContext(ctx, qio, "-f", "raw", "-n", "-i", "io_uring", "-r", "-c", "read 0 4k", f).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "read 4096/4096") {
+		return "threads", fmt.Sprintf("threads (io_uring probe failed: %v %s)", err, strings.TrimSpace(string(out)))
+	}
+	return "io_uring", "io_uring (qemu-io -n -i io_uring reads a file here)"
+}
+
+// loadAvg is the 1-minute load average, to judge how noisy a run was.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	if f := strings.Fields(string(b)); len(f) > 0 {
+		return f[0]
+	}
+	return "unknown"
+}

@@ -1,0 +1,341 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kata-fsx/kata-fsx/bench/workload"
+)
+
+// RowResult is everything measured for one row.
+type RowResult struct {
+	Spec    string  `json:"backend"`
+	Kind    string  `json:"kind"`
+	Skipped string  `json:"skipped,omitempty"`
+	Error   string  `json:"error,omitempty"`
+	Output  *Output `json:"output,omitempty"`
+	// ColdStart are the run-to-process-started times of every boot.
+	ColdStart []float64 `json:"coldstart_seconds,omitempty"`
+	// Serving is the host process that reads the rootfs for the guest
+	// (qemu, virtiofsd or kata-fsx), with its counters.
+	Serving        string `json:"serving_process,omitempty"`
+	StartRChar     uint64 `json:"bytes_read_before_start_rchar"`
+	StartReadBytes uint64 `json:"bytes_read_before_start_read_bytes"`
+	ServingHWMKiB  uint64 `json:"serving_peak_rss_kib"`
+	QEMUHWMKiB     uint64 `json:"qemu_peak_rss_kib"`
+	// Stats is the raw --stats-file of the workload boot.
+	Stats   json.RawMessage `json:"run_stats,omitempty"`
+	Seconds float64         `json:"wall_seconds"`
+}
+
+// runStats is the part of `kata-fsx run --stats-file` the driver reads.
+type runStats struct {
+	StartSeconds float64      `json:"start_seconds"`
+	AtReady      []procSample `json:"at_ready"`
+	AtStart      []procSample `json:"at_start"`
+	AtEnd        []procSample `json:"at_end"`
+}
+
+type procSample struct {
+	Role         string `json:"role"`
+	ServesRootfs bool   `json:"serves_rootfs"`
+	RChar        uint64 `json:"rchar"`
+	ReadBytes    uint64 `json:"read_bytes"`
+	HWMKiB       uint64 `json:"hwm_kib"`
+}
+
+func serving(ps []procSample) (procSample, bool) {
+	for _, p := range ps {
+		if p.ServesRootfs {
+			return p, true
+		}
+	}
+	return procSample{}, false
+}
+
+func role(ps []procSample, name string) (procSample, bool) {
+	for _, p := range ps {
+		if p.Role == name {
+			return p, true
+		}
+	}
+	return procSample{}, false
+}
+
+// scriptEnv is the workload script's configuration.
+func (d *driver) scriptEnv() []string {
+	return []string{
+		"BENCH_WORK=/bench/work",
+		fmt.Sprintf("BENCH_REPS=%d", d.o.Reps),
+		fmt.Sprintf("BENCH_FIO_MB=%d", d.o.FioMB),
+		fmt.Sprintf("BENCH_FIO_SECS=%d", d.o.FioSecs),
+		fmt.Sprintf("BENCH_DBENCH_SECS=%d", d.o.DbenchSecs),
+		fmt.Sprintf("BENCH_SQLITE_ROWS=%d", d.o.SqliteRows),
+		"BENCH_ONLY=" + d.o.Only,
+		"LC_ALL=C",
+	}
+}
+
+// runRow measures one row; failures end up in the result, never abort the matrix.
+func (d *driver) runRow(ctx context.Context, n int, r Row) *RowResult {
+	res := &RowResult{Spec: r.Spec, Kind: r.Kind}
+	if why := r.SkipReason(d.caps); why != "" {
+		res.Skipped = why
+		d.logf("%s: skipped: %s", r.Spec, why)
+		return res
+	}
+	started := time.Now()
+	defer func() { res.Seconds = time.Since(started).Seconds() }()
+	ctx, cancel := context.WithTimeout(ctx, d.o.RowTimeout)
+	defer cancel()
+	dir := filepath.Join(d.tmp, fmt.Sprintf("row%d", n))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	defer func() {
+		if err := os.RemoveAll(dir); err != nil {
+			res.Error = strings.TrimSpace(res.Error + "; cleanup: " + err.Error())
+		}
+	}()
+	var err error
+	if r.Kind == KindHost {
+		err = d.runHost(ctx, dir, res)
+	} else {
+		err = d.runVM(ctx, dir, n, r, res)
+	}
+	if err != nil {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("%w (row timeout %s)", err, d.o.RowTimeout)
+		}
+		res.Error = err.Error()
+		d.logf("%s: failed: %s", r.Spec, truncate(res.Error, 600))
+	}
+	if res.Output != nil {
+		for w, f := range res.Output.Failures {
+			d.logf("%s: workload %s failed: %s", r.Spec, w, truncate(strings.Join(f, "; "), 300))
+		}
+	}
+	d.logf("%s: done in %.0f s", r.Spec, time.Since(started).Seconds())
+	return res
+}
+
+func (d *driver) runHost(ctx context.Context, dir string, res *RowResult) error {
+	d.logf("%s: running the workloads on the host (chroot on an overlay of the image)", res.Spec)
+	logf, err := os.Create(filepath.Join(dir, "stderr.log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	var out bytes.Buffer
+	runErr := workload.RunOnHost(ctx, d.o.Image, d.scriptEnv(), io.MultiWriter(&out, d.progress(res.Spec)), logf)
+	return d.finishOutput(res, out.String(), runErr, filepath.Join(dir, "stderr.log"))
+}
+
+func (d *driver) finishOutput(res *RowResult, out string, runErr error, stderrLog string) error {
+	o, perr := ParseOutput(out)
+	if perr != nil {
+		return errors.Join(runErr, perr)
+	}
+	res.Output = o
+	if runErr != nil {
+		return fmt.Errorf("%w%s", runErr, tailOf(stderrLog, 1500))
+	}
+	if !o.Done {
+		return fmt.Errorf("workload script did not finish (no @@DONE)%s", tailOf(stderrLog, 1500))
+	}
+	return nil
+}
+
+// runVM boots the row's pod through `kata-fsx run` (the shim's sandbox
+// code), runs the workload script as its container process, then boots
+// it again with /bin/true for the remaining cold-start samples.
+func (d *driver) runVM(ctx context.Context, dir string, n int, r Row, res *RowResult) error {
+	cfg, err := d.rowConfig(dir, r)
+	if err != nil {
+		return err
+	}
+	backend, rootfs := r.Kind, ""
+	switch r.Kind {
+	case KindVirtioFS, KindVirtio9P:
+		// The guest writes into its rootfs: each row gets a pristine copy.
+		rootfs = filepath.Join(dir, "rootfs")
+		d.logf("%s: copying the bench image", r.Spec)
+		if out, err := exec.CommandContext(ctx, "cp", "-a", d.o.Image, rootfs).CombinedOutput(); err != nil {
+			return fmt.Errorf("copy bench image: %w: %s", err, out)
+		}
+	case KindImagefsBlk:
+		rootfs = "dir:" + d.o.Image
+	case KindVirtioBlk:
+		raw := filepath.Join(dir, "rootfs.raw")
+		if err := d.exportRaw(ctx, dir, raw); err != nil {
+			return err
+		}
+		rootfs = "raw:" + raw
+	}
+	script := append([]string{"/usr/bin/env"}, d.scriptEnv()...)
+	script = append(script, "/bin/bash", "-c", workload.Script, "workloads.sh")
+	for boot := 0; boot < max(1, d.o.StartReps); boot++ {
+		cmd := []string{"/bin/true"}
+		what := "cold start"
+		if boot == 0 {
+			cmd, what = script, "workloads"
+		}
+		d.logf("%s: boot %d (%s)", r.Spec, boot+1, what)
+		statsPath := filepath.Join(dir, fmt.Sprintf("stats%d.json", boot))
+		stderrLog := filepath.Join(dir, fmt.Sprintf("run%d.log", boot))
+		args := []string{"run", "--config", cfg, "--backend", backend, "--rootfs", rootfs, "--stats-file", statsPath,
+			"--id", fmt.Sprintf("bench-%d-%d", n, boot), "--"}
+		var out bytes.Buffer
+		runErr := d.kataFSX(ctx, append(args, cmd...), io.MultiWriter(&out, d.progress(r.Spec)), stderrLog)
+		st, raw, serr := readStats(statsPath)
+		if boot == 0 {
+			if serr == nil {
+				res.Stats = raw
+				d.recordStats(res, st)
+			}
+			if err := d.finishOutput(res, out.String(), runErr, stderrLog); err != nil {
+				return err
+			}
+		} else if runErr != nil {
+			return fmt.Errorf("cold-start boot %d: %w%s", boot+1, runErr, tailOf(stderrLog, 1500))
+		}
+		if serr != nil {
+			return serr
+		}
+		res.ColdStart = append(res.ColdStart, st.StartSeconds)
+	}
+	return nil
+}
+
+func (d *driver) recordStats(res *RowResult, st *runStats) {
+	if s, ok := serving(st.AtStart); ok {
+		res.Serving = s.Role
+		if r, ok := serving(st.AtReady); ok {
+			res.StartRChar = s.RChar - min(s.RChar, r.RChar)
+			res.StartReadBytes = s.ReadBytes - min(s.ReadBytes, r.ReadBytes)
+		}
+	}
+	if s, ok := serving(st.AtEnd); ok {
+		res.ServingHWMKiB = s.HWMKiB
+	}
+	if q, ok := role(st.AtEnd, "qemu"); ok {
+		res.QEMUHWMKiB = q.HWMKiB
+	}
+}
+
+func readStats(path string) (*runStats, json.RawMessage, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("run stats: %w", err)
+	}
+	var st runStats
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, nil, fmt.Errorf("run stats %s: %w", path, err)
+	}
+	return &st, json.RawMessage(b), nil
+}
+
+// kataFSX runs this binary's own command line (the same code path users
+// and the shim take), with stderr kept in a log file.
+func (d *driver) kataFSX(ctx context.Context, args []string, stdout io.Writer, stderrLog string) error {
+	logf, err := os.Create(stderrLog)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.CommandContext(ctx, d.o.KataFSX, args...)
+	cmd.Stdout, cmd.Stderr = stdout, logf
+	// run tears its pod down on SIGTERM; give it the time to.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 30 * time.Second
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("kata-fsx %s: %w", strings.Join(args[:min(len(args), 8)], " "), err)
+	}
+	return nil
+}
+
+// exportRaw builds the bench image with kata-fsx and writes it out as a
+// raw ext4 file: what a runtime without imagefs-blk would keep per pod.
+func (d *driver) exportRaw(ctx context.Context, dir, raw string) error {
+	img := filepath.Join(dir, "image")
+	cache := filepath.Join(dir, "image-cache")
+	d.logf("virtio-blk: building and exporting the raw image")
+	for _, args := range [][]string{
+		{"image", "build", "--cache", cache, "dir:" + d.o.Image, "-o", img},
+		{"image", "export", "--cache", cache, "--raw", raw, img},
+	} {
+		if err := d.kataFSX(ctx, args, io.Discard, filepath.Join(dir, "image.log")); err != nil {
+			return fmt.Errorf("raw image: %w%s", err, tailOf(filepath.Join(dir, "image.log"), 800))
+		}
+	}
+	return os.RemoveAll(img)
+}
+
+// rowConfig writes the row's configuration: the base file and its
+// drop-ins, plus one drop-in with the row's settings and private state
+// directories.
+func (d *driver) rowConfig(dir string, r Row) (string, error) {
+	cdir := filepath.Join(dir, "config")
+	drop := filepath.Join(cdir, "config.d")
+	if err := os.MkdirAll(drop, 0o755); err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(d.base.Path)
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(cdir, "configuration.toml")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return "", err
+	}
+	for _, p := range d.base.DropIns {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(filepath.Join(drop, filepath.Base(p)), b, 0o644); err != nil {
+			return "", err
+		}
+	}
+	var t strings.Builder
+	fmt.Fprintf(&t, "# kata-fsx bench row %q\n[hypervisor.qemu]\ndefault_vcpus = %d\ndefault_memory = %d\n", r.Spec, d.o.VCPUs, d.o.MemoryMiB)
+	fmt.Fprintf(&t, "block_device_cache_direct = true\nblock_device_aio = %q\n", d.aio)
+	if r.Kind == KindVirtioFS {
+		fmt.Fprintf(&t, "virtio_fs_cache = %q\nvirtio_fs_cache_size = %d\n", r.Cache, r.DAXMiB)
+		threads := r.Threads
+		if threads == 0 {
+			threads = 1 // Kata's default extra args
+		}
+		fmt.Fprintf(&t, "virtio_fs_extra_args = [\"--thread-pool-size=%d\"]\n", threads)
+	}
+	fmt.Fprintf(&t, "[kata_fsx]\naccelerator = %q\nstate_dir = %q\n[kata_fsx.imagefs_blk]\nstate_dir = %q\n",
+		d.accel, filepath.Join(dir, "run"), filepath.Join(dir, "blk"))
+	// zz sorts after the base's drop-ins, so the row's settings win.
+	if err := os.WriteFile(filepath.Join(drop, "zz-bench.toml"), []byte(t.String()), 0o644); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+func tailOf(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return "\n" + string(b)
+}
