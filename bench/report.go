@@ -466,7 +466,7 @@ func resources(b *strings.Builder, rep *Report) {
 		fmt.Fprintf(b, "| `%s` | %s | %s | %s / %s | %s | %s | %s |\n", r.Spec, cs, r.Serving, bytesStr(r.StartRChar), bytesStr(r.StartReadBytes), rss, mib(r.QEMUHWMKiB<<10), pc)
 	}
 	b.WriteString("\nCold start runs from invoking `kata-fsx run` to the agent reporting the container's process started: it includes the VM boot and, for imagefs-blk, indexing the image and synthesizing its metadata (the first boot of a row has an empty index cache, later ones reuse it). " +
-		"The serving process is the one that reads the rootfs from the host for the guest: QEMU for 9p and virtio-blk, virtiofsd for virtio-fs, the kata-fsx process itself for imagefs-blk (its peak RSS includes the whole `kata-fsx run`). " +
+		"The serving process is the one that reads the rootfs from the host for the guest: QEMU for 9p and virtio-blk, virtiofsd for virtio-fs, the kata-fsx process itself for imagefs-blk (its peak RSS includes the whole `kata-fsx run`, indexing and synthesis included). Counters cover the process and its children (the C virtiofsd serves from a forked child); peak RSS is the sum of their peaks. " +
 		"QEMU's peak RSS includes the guest memory it touched.\n\n")
 }
 

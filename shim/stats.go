@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -46,7 +47,9 @@ type ProcessSample struct {
 	RChar     uint64 `json:"rchar"`
 	ReadBytes uint64 `json:"read_bytes"`
 	RSSKiB    uint64 `json:"rss_kib"`
-	HWMKiB    uint64 `json:"hwm_kib"` // peak RSS
+	HWMKiB    uint64 `json:"hwm_kib"` // sum of the processes' peak RSS
+	// Processes is how many processes the sums cover (the process and its descendants).
+	Processes int    `json:"processes"`
 	Error     string `json:"error,omitempty"`
 }
 
@@ -63,18 +66,52 @@ func (s *Sandbox) Sample() []ProcessSample {
 	return out
 }
 
+// read sums the counters over the process and its descendants: the C
+// virtiofsd forks into its sandbox and serves from the child.
 func (ps *ProcessSample) read() error {
-	io, err := procFields(fmt.Sprintf("/proc/%d/io", ps.PID))
-	if err != nil {
-		return err
+	pids := append([]int{ps.PID}, descendants(ps.PID)...)
+	for i, pid := range pids {
+		io, err := procFields(fmt.Sprintf("/proc/%d/io", pid))
+		if err == nil {
+			var st map[string]uint64
+			if st, err = procFields(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+				ps.RChar += io["rchar"]
+				ps.ReadBytes += io["read_bytes"]
+				ps.RSSKiB += st["VmRSS"]
+				ps.HWMKiB += st["VmHWM"]
+			}
+		}
+		// A descendant may exit between the listing and the read.
+		if err != nil && i == 0 {
+			return err
+		}
 	}
-	st, err := procFields(fmt.Sprintf("/proc/%d/status", ps.PID))
-	if err != nil {
-		return err
-	}
-	ps.RChar, ps.ReadBytes = io["rchar"], io["read_bytes"]
-	ps.RSSKiB, ps.HWMKiB = st["VmRSS"], st["VmHWM"]
+	ps.Processes = len(pids)
 	return nil
+}
+
+// descendants lists the processes below pid, children first.
+func descendants(pid int) []int {
+	var out []int
+	queue := []int{pid}
+	for len(queue) > 0 && len(out) < 1024 {
+		p := queue[0]
+		queue = queue[1:]
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", p))
+		for _, t := range tasks {
+			b, err := os.ReadFile(t)
+			if err != nil {
+				continue
+			}
+			for _, f := range strings.Fields(string(b)) {
+				if c, err := strconv.Atoi(f); err == nil {
+					out = append(out, c)
+					queue = append(queue, c)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // procFields parses the "key: number [kB]" lines of a /proc file.

@@ -1,0 +1,41 @@
+package shim
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestSampleCoversDescendants checks that a sample sums the process tree,
+// as the C virtiofsd serves from a forked child.
+func TestSampleCoversDescendants(t *testing.T) {
+	// The child reads 4 MiB, then both idle until killed.
+	cmd := exec.Command("/bin/sh", "-c", "sh -c 'head -c 4194304 /dev/zero > /dev/null; exec sleep 60' & wait")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	var ps ProcessSample
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ps = ProcessSample{ProcessRef: ProcessRef{Role: "test", PID: cmd.Process.Pid}}
+		if err := ps.read(); err != nil {
+			t.Fatal(err)
+		}
+		if ps.Processes >= 2 && ps.RChar >= 4<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sample never covered the child's reads: %+v", ps)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if ps.RSSKiB == 0 || ps.HWMKiB < ps.RSSKiB {
+		t.Fatalf("memory counters: %+v", ps)
+	}
+	gone := ProcessSample{ProcessRef: ProcessRef{PID: 1 << 30}}
+	if err := gone.read(); err == nil || !strings.Contains(err.Error(), "/proc/") {
+		t.Fatalf("sample of a missing process: %v", err)
+	}
+}
