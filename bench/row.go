@@ -32,6 +32,7 @@ type RowResult struct {
 	StartRChar     uint64 `json:"bytes_read_before_start_rchar"`
 	StartReadBytes uint64 `json:"bytes_read_before_start_read_bytes"`
 	ServingHWMKiB  uint64 `json:"serving_peak_rss_kib"`
+	ServingAnonKiB uint64 `json:"serving_anon_rss_kib"`
 	QEMUHWMKiB     uint64 `json:"qemu_peak_rss_kib"`
 	// Stats is the raw --stats-file of the workload boot.
 	Stats   json.RawMessage `json:"run_stats,omitempty"`
@@ -52,6 +53,7 @@ type procSample struct {
 	RChar        uint64 `json:"rchar"`
 	ReadBytes    uint64 `json:"read_bytes"`
 	HWMKiB       uint64 `json:"hwm_kib"`
+	AnonKiB      uint64 `json:"anon_kib"`
 }
 
 func serving(ps []procSample) (procSample, bool) {
@@ -227,7 +229,7 @@ func (d *driver) recordStats(res *RowResult, st *runStats) {
 		}
 	}
 	if s, ok := serving(st.AtEnd); ok {
-		res.ServingHWMKiB = s.HWMKiB
+		res.ServingHWMKiB, res.ServingAnonKiB = s.HWMKiB, s.AnonKiB
 	}
 	if q, ok := role(st.AtEnd, "qemu"); ok {
 		res.QEMUHWMKiB = q.HWMKiB

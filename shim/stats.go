@@ -48,6 +48,9 @@ type ProcessSample struct {
 	ReadBytes uint64 `json:"read_bytes"`
 	RSSKiB    uint64 `json:"rss_kib"`
 	HWMKiB    uint64 `json:"hwm_kib"` // sum of the processes' peak RSS
+	// AnonKiB is the private memory (RssAnon): RSS without the guest
+	// memory a vhost-user backend maps and the files it has mapped.
+	AnonKiB uint64 `json:"anon_kib"`
 	// Processes is how many processes the sums cover (the process and its descendants).
 	Processes int    `json:"processes"`
 	Error     string `json:"error,omitempty"`
@@ -79,6 +82,7 @@ func (ps *ProcessSample) read() error {
 				ps.ReadBytes += io["read_bytes"]
 				ps.RSSKiB += st["VmRSS"]
 				ps.HWMKiB += st["VmHWM"]
+				ps.AnonKiB += st["RssAnon"]
 			}
 		}
 		// A descendant may exit between the listing and the read.

@@ -31,7 +31,7 @@ func TestSampleCoversDescendants(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if ps.RSSKiB == 0 || ps.HWMKiB < ps.RSSKiB {
+	if ps.RSSKiB == 0 || ps.HWMKiB < ps.RSSKiB || ps.AnonKiB == 0 || ps.AnonKiB > ps.RSSKiB {
 		t.Fatalf("memory counters: %+v", ps)
 	}
 	gone := ProcessSample{ProcessRef: ProcessRef{PID: 1 << 30}}
