@@ -125,6 +125,124 @@ func TestWritePathsAgainstModel(t *testing.T) {
 	}
 }
 
+// TestWriteVecAtAgainstModel drives WriteVecAt with requests split into
+// buffers the way a virtio request's data is: page-aligned whole pages
+// (eligible for O_DIRECT) and arbitrary pieces, with partial blocks at
+// either end, interleaved with plain writes and discards.
+func TestWriteVecAtAgainstModel(t *testing.T) {
+	for _, bs := range []int{4096, 512, 65536} {
+		for _, buffered := range []bool{false, true} {
+			t.Run(fmt.Sprintf("bs%d/buffered=%t", bs, buffered), func(t *testing.T) {
+				size := 64 * max(bs, 4096)
+				base := randomBytes(uint64(bs)+3, size)
+				m := &model{data: bytes.Clone(base)}
+				path := filepath.Join(t.TempDir(), "ov")
+				d := openT(t, base, path, Options{BlockSize: bs, BufferedOnly: buffered})
+				arena, err := alignedBufs(1, 1<<20)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := rand.New(rand.NewPCG(uint64(bs), 11))
+				for i := range 400 {
+					var off, n int
+					var bufs [][]byte
+					if r.IntN(2) == 0 {
+						// Aligned: whole pages at a page-aligned offset.
+						pages := 1 + r.IntN(64)
+						off = r.IntN(size/4096-pages+1) * 4096
+						n = pages * 4096
+						for at := 0; at < n; {
+							seg := min(n-at, 4096*(1+r.IntN(4)))
+							p := r.IntN(len(arena[0])/4096-seg/4096+1) * 4096
+							b := arena[0][p : p+seg]
+							fill(b, uint64(i))
+							bufs = append(bufs, b)
+							at += seg
+						}
+					} else {
+						off = r.IntN(size)
+						n = 1 + r.IntN(min(size-off, 3*max(bs, 4096)))
+						for at := 0; at < n; {
+							seg := min(n-at, 1+r.IntN(5000))
+							p := r.IntN(len(arena[0]) - seg + 1)
+							b := arena[0][p : p+seg]
+							fill(b, uint64(i))
+							bufs = append(bufs, bytes.Clone(b))
+							at += seg
+						}
+					}
+					var src []byte
+					for _, b := range bufs {
+						src = append(src, b...)
+					}
+					switch r.IntN(5) {
+					case 0:
+						if err := d.Discard(int64(off), int64(n)); err != nil {
+							t.Fatalf("op %d Discard: %v", i, err)
+						}
+						clear(m.data[off : off+n])
+					case 1:
+						if _, err := d.WriteAt(src, int64(off)); err != nil {
+							t.Fatalf("op %d WriteAt(%d,%d): %v", i, off, n, err)
+						}
+						copy(m.data[off:], src)
+					default:
+						got, err := d.WriteVecAt(bufs, int64(off))
+						if err != nil || got != n {
+							t.Fatalf("op %d WriteVecAt(%d segments, %d, %d) = %d, %v", i, len(bufs), off, n, got, err)
+						}
+						copy(m.data[off:], src)
+					}
+					if i%40 == 0 {
+						checkEqual(t, d, m, fmt.Sprintf("after op %d", i))
+						if err := d.Flush(); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				checkEqual(t, d, m, "end")
+				switch {
+				case buffered && d.directWrites.Load() != 0:
+					t.Errorf("BufferedOnly device made %d O_DIRECT writes", d.directWrites.Load())
+				case !buffered && d.direct != nil && d.directWrites.Load() == 0:
+					t.Error("O_DIRECT is available but no aligned write used it")
+				case !buffered && d.direct == nil:
+					t.Logf("no O_DIRECT on the filesystem of %s: buffered writes only", path)
+				}
+				if err := d.Close(); err != nil {
+					t.Fatal(err)
+				}
+				d = openT(t, base, path, Options{BlockSize: bs})
+				defer d.Close()
+				checkEqual(t, d, m, "reopened")
+			})
+		}
+	}
+}
+
+// fill overwrites b with bytes derived from seed.
+func fill(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, uint64(len(b))))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+}
+
+func TestWriteVecAtRejects(t *testing.T) {
+	base := randomBytes(9, 16*4096)
+	d := openT(t, base, filepath.Join(t.TempDir(), "ov"), Options{})
+	defer d.Close()
+	if _, err := d.WriteVecAt([][]byte{make([]byte, 4096), make([]byte, 4096)}, 15*4096); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("write past the end: %v, want ErrOutOfRange", err)
+	}
+	if n, err := d.WriteVecAt(nil, 4096); n != 0 || err != nil {
+		t.Fatalf("empty write: %d, %v", n, err)
+	}
+	if n, err := d.WriteVecAt([][]byte{{}, make([]byte, 512), {}}, 4096); n != 512 || err != nil {
+		t.Fatalf("write with empty buffers: %d, %v", n, err)
+	}
+}
+
 func TestDiscardReadsZerosNotBase(t *testing.T) {
 	base := randomBytes(2, 16*4096)
 	d := openT(t, base, filepath.Join(t.TempDir(), "ov"), Options{})
@@ -345,6 +463,24 @@ func crashBase() []byte { return randomBytes(77, 256*4096) }
 
 func crashPattern(i int) []byte { return bytes.Repeat([]byte{byte(i%250 + 1)}, 4096) }
 
+// crashSpan is what the crash child writes from the middle of block 240
+// to the middle of block 250.
+func crashSpan() []byte { return randomBytes(78, 10*4096-150) }
+
+// alignedBufs returns n page-aligned buffers of size bytes each (mmap'd, so
+// they suit O_DIRECT).
+func alignedBufs(n, size int) ([][]byte, error) {
+	mem, err := syscall.Mmap(-1, 0, n*size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+	if err != nil {
+		return nil, err
+	}
+	bufs := make([][]byte, n)
+	for i := range bufs {
+		bufs[i] = mem[i*size : (i+1)*size : (i+1)*size]
+	}
+	return bufs, nil
+}
+
 func TestCrashChild(t *testing.T) {
 	path := os.Getenv(crashEnv)
 	if path == "" {
@@ -368,6 +504,37 @@ func TestCrashChild(t *testing.T) {
 	if err := d.Discard(120*4096, 4096); err != nil {
 		os.Exit(3)
 	}
+	// Flushed, vectored: blocks 200..231 as eight page-aligned 16 KiB
+	// buffers (the O_DIRECT path where the filesystem has it) and a write
+	// from the middle of block 240 to the middle of block 250 in three
+	// unaligned pieces (partial blocks at both ends).
+	bufs, err := alignedBufs(8, 4*4096)
+	if err != nil {
+		os.Exit(5)
+	}
+	for k, b := range bufs {
+		for j := range 4 {
+			copy(b[j*4096:], crashPattern(200+4*k+j))
+		}
+	}
+	// A buffered partial write that the direct one below must supersede.
+	if _, err := d.WriteAt([]byte("stale-buffered"), 205*4096+7); err != nil {
+		os.Exit(3)
+	}
+	if _, err := d.WriteVecAt(bufs, 200*4096); err != nil {
+		os.Exit(3)
+	}
+	span := crashSpan()
+	if _, err := d.WriteVecAt([][]byte{span[:5000], span[5000:5001], span[5001:]}, 240*4096+100); err != nil {
+		os.Exit(3)
+	}
+	if err := d.Flush(); err != nil {
+		os.Exit(4)
+	}
+	// A buffered partial write over directly written data, flushed.
+	if _, err := d.WriteAt([]byte("after-direct"), 210*4096+300); err != nil {
+		os.Exit(3)
+	}
 	if err := d.Flush(); err != nil {
 		os.Exit(4)
 	}
@@ -380,7 +547,7 @@ func TestCrashChild(t *testing.T) {
 			os.Exit(3)
 		}
 	}
-	fmt.Println("READY")
+	fmt.Printf("READY %t %d\n", d.direct != nil, d.directWrites.Load())
 	select {} // wait for SIGKILL
 }
 
@@ -399,11 +566,17 @@ func TestCrashRecovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || line != "READY\n" {
+	var direct bool
+	var directWrites int
+	if _, serr := fmt.Sscanf(line, "READY %t %d\n", &direct, &directWrites); err != nil || serr != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
 		t.Fatalf("child said %q, %v", line, err)
 	}
+	if direct && directWrites == 0 {
+		t.Error("O_DIRECT is available but the aligned vectored write did not use it")
+	}
+	t.Logf("child: O_DIRECT available %t, direct runs %d", direct, directWrites)
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -416,6 +589,27 @@ func TestCrashRecovery(t *testing.T) {
 	d := openT(t, base, path, Options{})
 	defer d.Close()
 	got := make([]byte, 4096)
+	wantSpan := bytes.Clone(base[240*4096 : 251*4096])
+	copy(wantSpan[100:], crashSpan())
+	gotSpan := make([]byte, len(wantSpan))
+	if _, err := d.ReadAt(gotSpan, 240*4096); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(gotSpan, wantSpan) {
+		t.Fatal("flushed vectored write with partial ends (blocks 240..250) lost")
+	}
+	for i := 200; i < 232; i++ {
+		if _, err := d.ReadAt(got, int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+		want := crashPattern(i)
+		if i == 210 {
+			copy(want[300:], "after-direct")
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("flushed vectored block %d lost", i)
+		}
+	}
 	for i := range 200 {
 		if _, err := d.ReadAt(got, int64(i)*4096); err != nil {
 			t.Fatal(err)

@@ -28,6 +28,13 @@ type BlockDevice interface {
 	ID() string
 }
 
+// VectorWriter is implemented by devices that take a request's data
+// buffers in one call (*overlay.Device does); others get one WriteAt per buffer.
+type VectorWriter interface {
+	// WriteVecAt writes the concatenation of bufs at byte offset off.
+	WriteVecAt(bufs [][]byte, off int64) (int, error)
+}
+
 // virtio-blk request types and status values (virtio 1.2 section 5.2.6).
 const (
 	blkTypeIn          = 0
@@ -195,8 +202,21 @@ func (h *blkHandler) readInto(bufs [][]byte, n uint32, off int64) (uint32, error
 	return done, nil
 }
 
-// writeFrom writes the readable bytes after skip to the device at off.
+// writeFrom writes the readable bytes after skip to the device at off. It
+// may reslice the elements of bufs (the chain's own buffer list).
 func (h *blkHandler) writeFrom(bufs [][]byte, skip uint32, off int64) error {
+	if vw, ok := h.dev.(VectorWriter); ok {
+		for len(bufs) > 0 && uint32(len(bufs[0])) <= skip {
+			skip -= uint32(len(bufs[0]))
+			bufs = bufs[1:]
+		}
+		if len(bufs) == 0 {
+			return nil
+		}
+		bufs[0] = bufs[0][skip:]
+		_, err := vw.WriteVecAt(bufs, off)
+		return err
+	}
 	for _, b := range bufs {
 		if uint32(len(b)) <= skip {
 			skip -= uint32(len(b))

@@ -405,6 +405,34 @@ func (q *testQueue) prepare(typ uint32, sector uint64, out []byte, inLen int) pe
 	return pendingReq{head: q.publish(bufs), inAddr: inAddr, inLen: inLen, statusAddr: sa}
 }
 
+// prepareWrite publishes a write whose data is split into segs, one
+// descriptor each; with shareHeader the header and the first segment
+// share one descriptor, as a driver may lay them out.
+func (q *testQueue) prepareWrite(sector uint64, segs [][]byte, shareHeader bool) pendingReq {
+	q.f.t.Helper()
+	hdr := make([]byte, 16)
+	binary.LittleEndian.PutUint32(hdr[0:], blkTypeOut)
+	binary.LittleEndian.PutUint64(hdr[8:], sector)
+	var bufs []testdriver.Buf
+	for i, seg := range segs {
+		if i == 0 && shareHeader {
+			seg = append(bytes.Clone(hdr), seg...)
+		}
+		a := q.alloc(uint64(len(seg)), 8)
+		q.drv.Write(a, seg)
+		bufs = append(bufs, testdriver.Buf{Addr: a, Len: uint32(len(seg))})
+	}
+	if !shareHeader || len(segs) == 0 {
+		ha := q.alloc(16, 16)
+		q.drv.Write(ha, hdr)
+		bufs = append([]testdriver.Buf{{Addr: ha, Len: 16}}, bufs...)
+	}
+	sa := q.alloc(1, 1)
+	q.drv.Write(sa, []byte{0xFF})
+	bufs = append(bufs, testdriver.Buf{Addr: sa, Len: 1, Write: true})
+	return pendingReq{head: q.publish(bufs), statusAddr: sa}
+}
+
 // publish writes bufs as a chain (indirect if the queue says so) and publishes it.
 func (q *testQueue) publish(bufs []testdriver.Buf) uint16 {
 	var head uint16

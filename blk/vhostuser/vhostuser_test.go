@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -149,6 +150,67 @@ func TestBlockRequests(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSegmentedWrites writes requests whose data spans many descriptors,
+// at unaligned segment boundaries and with partial blocks at both ends,
+// and reads them back.
+func TestSegmentedWrites(t *testing.T) {
+	for _, indirect := range []bool{false, true} {
+		for _, share := range []bool{false, true} {
+			t.Run(fmt.Sprintf("indirect=%t/shared-header=%t", indirect, share), func(t *testing.T) {
+				env := newEnv(t, 4<<20, false, Options{})
+				_, q := env.connect(t, 0)
+				q.indirect = indirect
+				want := bytes.Clone(env.base[:1<<20])
+				cases := []struct {
+					sector uint64
+					sizes  []int
+				}{
+					{0, []int{4096, 4096, 4096, 4096}},       // whole blocks, page-sized pieces
+					{64, []int{1000, 3096, 8192, 512, 3584}}, // whole blocks, unaligned pieces
+					{3, []int{512, 4096, 1, 2047, 2048}},     // partial block at both ends
+					{1001, []int{9 * 512}},                   // one piece, partial at both ends
+					{200, make([]int, 30)},                   // 30 x 4 KiB, over the lock units
+				}
+				cases[4].sizes = cases[4].sizes[:0]
+				for range 30 {
+					cases[4].sizes = append(cases[4].sizes, 4096)
+				}
+				for i, c := range cases {
+					var segs [][]byte
+					off := int(c.sector) * 512
+					for k, n := range c.sizes {
+						seg := randomBytes(uint64(100*i+k), n)
+						segs = append(segs, seg)
+						copy(want[off:], seg)
+						off += n
+					}
+					p := q.prepareWrite(c.sector, segs, share)
+					q.kickIt()
+					if id, n := q.waitUsed(); id != uint32(p.head) || n != 1 {
+						t.Fatalf("case %d: used id %d len %d, want head %d len 1", i, id, n, p.head)
+					}
+					if st, _ := q.result(p); st != blkStatusOK {
+						t.Fatalf("case %d: status %d", i, st)
+					}
+				}
+				var in []byte
+				for sector := uint64(0); sector < 2048; sector += 128 {
+					st, part, _ := q.blkReq(blkTypeIn, sector, nil, 128*512)
+					if st != blkStatusOK {
+						t.Fatalf("read back at sector %d: status %d", sector, st)
+					}
+					in = append(in, part...)
+				}
+				for i := range in {
+					if in[i] != want[i] {
+						t.Fatalf("read back: first difference at byte %d (sector %d)", i, i/512)
+					}
+				}
+			})
+		}
 	}
 }
 
