@@ -28,6 +28,7 @@ type vmSettings struct {
 	reps      int
 	fioSecs   int
 	fioMiB    int
+	only      string // guest script workload groups, "all" or comma-separated
 }
 
 // guestRun is one boot's outcome.
@@ -121,7 +122,7 @@ func bootAndMeasure(ctx context.Context, s vmSettings, dir, name string, dev hyp
 		Process: &pb.Process{
 			User: &pb.User{},
 			Args: []string{"/bin/bash", "/bench/run.sh", strconv.Itoa(s.files), strconv.Itoa(s.dirs), strconv.Itoa(s.reps),
-				strconv.Itoa(s.fioSecs), strconv.Itoa(s.fioMiB)},
+				strconv.Itoa(s.fioSecs), strconv.Itoa(s.fioMiB), s.only},
 			Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LC_ALL=C"},
 			Cwd: "/",
 		},

@@ -14,17 +14,22 @@ import (
 // the clock without a fork. Every phase starts from a dropped page cache and
 // ends with sync where it writes, so the device does the work.
 //
-// Arguments: files dirs reps fio-runtime-seconds fio-size-MiB.
+// Arguments: files dirs reps fio-runtime-seconds fio-size-MiB [only], where
+// only is "all" or a comma-separated list of workload groups to run: files
+// (create, chown, ls, cat, rm), seqwrite, randread, seqread, imgrandread,
+// imgseqread (randread and seqread read the file seqwrite writes).
 // Output lines: "@@PHASE name rep microseconds", and fio's JSON between
 // "@@FIO name rep" and "@@END status".
 const guestScript = `#!/bin/bash
 set -u
-FILES=$1 DIRS=$2 REPS=$3 RT=$4 FSIZE=$5
+FILES=$1 DIRS=$2 REPS=$3 RT=$4 FSIZE=$5 ONLY=${6:-all}
+want() { [[ $ONLY == all || ",$ONLY," == *",$1,"* ]]; }
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 phase() { echo "@@PHASE $1 $2 $(( $4 - $3 ))"; }
 per=$((FILES / DIRS))
 payload=$(printf '%01536d' 0)
 for ((r = 1; r <= REPS; r++)); do
+	want files || break
 	base=/bench/t$r
 	drop
 	t0=${EPOCHREALTIME/./}
@@ -58,18 +63,23 @@ fio_run() {
 }
 common="--ioengine=libaio --direct=1 --iodepth=16"
 for ((r = 1; r <= REPS; r++)); do
+	want seqwrite || break
 	fio_run seqwrite $r --name=seqwrite --filename=/bench/fio.dat --rw=write --bs=1M --size=${FSIZE}M $common --end_fsync=1
 done
 for ((r = 1; r <= REPS; r++)); do
+	want randread || break
 	fio_run randread $r --name=randread --filename=/bench/fio.dat --rw=randread --bs=4k --runtime=$RT --time_based $common
 done
 for ((r = 1; r <= REPS; r++)); do
+	want seqread || break
 	fio_run seqread $r --name=seqread --filename=/bench/fio.dat --rw=read --bs=128k --runtime=$RT --time_based $common
 done
 for ((r = 1; r <= REPS; r++)); do
+	want imgrandread || break
 	fio_run imgrandread $r --name=imgrandread --filename=/bench/image.dat --readonly --rw=randread --bs=4k --runtime=$RT --time_based $common
 done
 for ((r = 1; r <= REPS; r++)); do
+	want imgseqread || break
 	fio_run imgseqread $r --name=imgseqread --filename=/bench/image.dat --readonly --rw=read --bs=128k --runtime=$RT --time_based $common
 done
 rm -f /bench/fio.dat
