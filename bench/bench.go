@@ -39,12 +39,14 @@ type Options struct {
 	VCPUs      int
 	MemoryMiB  int
 	RowTimeout time.Duration
-	OutJSON    string
-	OutMD      string // Markdown file whose bench section is replaced
-	ChartDir   string
-	KataFSX    string // the kata-fsx binary the rows run
-	TmpDir     string
-	Command    string // the command line, for the report
+	// StallTimeout stops a workload boot whose script prints nothing for that long.
+	StallTimeout time.Duration
+	OutJSON      string
+	OutMD        string // Markdown file whose bench section is replaced
+	ChartDir     string
+	KataFSX      string // the kata-fsx binary the rows run
+	TmpDir       string
+	Command      string // the command line, for the report
 }
 
 type driver struct {
@@ -112,6 +114,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, defaultC
 	fs.IntVar(&o.VCPUs, "vcpus", 1, "guest vCPUs")
 	fs.IntVar(&o.MemoryMiB, "memory", 1024, "guest memory in MiB")
 	fs.DurationVar(&o.RowTimeout, "row-timeout", 10*time.Minute, "time limit of one row; a row over it is reported as failed")
+	fs.DurationVar(&o.StallTimeout, "stall-timeout", 3*time.Minute, "stop a row whose workload script prints nothing for this long (a hung guest); 0 = never")
 	fs.StringVar(&o.OutJSON, "json", "docs/bench/suite.json", "raw results")
 	fs.StringVar(&o.OutMD, "md", "docs/benchmarks.md", "Markdown file whose suite section is replaced (created if missing)")
 	fs.StringVar(&o.ChartDir, "charts", "docs/bench", "directory of the PNG charts")

@@ -1,9 +1,11 @@
 package bench
 
 import (
+	"context"
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseRows(t *testing.T) {
@@ -183,4 +185,30 @@ func FuzzParseOutput(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestStallWatch(t *testing.T) {
+	d := &driver{o: Options{StallTimeout: 100 * time.Millisecond}}
+	ctx, w := d.watchdog(context.Background(), true)
+	w.Write([]byte("@@RESULT chown 1 1.0 s\n"))
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a silent boot was never stopped")
+	}
+	if why := w.reason(); !strings.Contains(why, "no progress") || !strings.Contains(why, "@@RESULT chown 1") {
+		t.Fatalf("reason %q", why)
+	}
+	w.stop()
+
+	// Off for the cold-start boots: nothing fires.
+	ctx, w = d.watchdog(context.Background(), false)
+	time.Sleep(300 * time.Millisecond)
+	if ctx.Err() != nil || w.reason() != "" {
+		t.Fatalf("disabled watchdog fired: %v %q", ctx.Err(), w.reason())
+	}
+	w.stop()
+	if ctx.Err() == nil {
+		t.Fatal("stop did not release the boot's context")
+	}
 }

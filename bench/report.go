@@ -441,7 +441,7 @@ func targets(b *strings.Builder, rep *Report) {
 
 func resources(b *strings.Builder, rep *Report) {
 	b.WriteString("#### Cold start, bytes read before the process starts, memory\n\n")
-	b.WriteString("| row | cold start, s | serving process | bytes it read, sandbox up → process started (rchar / read_bytes) | its private memory at the end (RssAnon) | its peak RSS | QEMU peak RSS | guest page cache after the read workloads |\n|---|---:|---|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| row | cold start, s | serving process | bytes it read, sandbox up → first output (rchar / read_bytes) | its private memory at the end (RssAnon) | its peak RSS | QEMU peak RSS | guest page cache after the read workloads |\n|---|---:|---|---:|---:|---:|---:|---:|\n")
 	for _, r := range measured(rep) {
 		if r.Kind == KindHost {
 			continue
@@ -465,7 +465,7 @@ func resources(b *strings.Builder, rep *Report) {
 		}
 		fmt.Fprintf(b, "| `%s` | %s | %s | %s / %s | %s | %s | %s | %s |\n", r.Spec, cs, r.Serving, bytesStr(r.StartRChar), bytesStr(r.StartReadBytes), anon, rss, mib(r.QEMUHWMKiB<<10), pc)
 	}
-	b.WriteString("\nCold start runs from invoking `kata-fsx run` to the agent reporting the container's process started: it includes the VM boot and, for imagefs-blk, indexing the image and synthesizing its metadata (the first boot of a row has an empty index cache, later ones reuse it). " +
+	b.WriteString("\nCold start runs from invoking `kata-fsx run` to the first output of the container's process (the workload script, or `/bin/echo` in the extra boots), so the process has been loaded and runs: it includes the VM boot and, for imagefs-blk, indexing the image and synthesizing its metadata (the first boot of a row has an empty index cache, later ones reuse it). " +
 		"The serving process is the one that reads the rootfs from the host for the guest: QEMU for 9p and virtio-blk, virtiofsd for virtio-fs, the kata-fsx process itself for imagefs-blk (its peak RSS includes the whole `kata-fsx run`, indexing and synthesis included). Counters cover the process and its children (the C virtiofsd serves from a forked child); peak RSS is the sum of their peaks and, for a vhost-user backend, includes the guest memory it touched (shared with QEMU); the private memory column leaves that out. " +
 		"QEMU's peak RSS includes the guest memory it touched.\n\n")
 }

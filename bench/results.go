@@ -40,7 +40,7 @@ func Workloads() []Workload {
 		{"rg", "rg over node_modules", "s", GroupApps},
 		{"sqlite-insert", "sqlite3 inserts in transactions", "s", GroupApps},
 		{"sqlite-select", "sqlite3 indexed selects", "s", GroupApps},
-		{"coldstart", "cold start: run to process started", "s", GroupApps},
+		{"coldstart", "cold start: run to the process's first output", "s", GroupApps},
 		{"fio-seqread", "fio 128k sequential read", "MB/s", GroupBytes},
 		{"fio-seqwrite", "fio 128k sequential write", "MB/s", GroupBytes},
 		{"dbench", "dbench", "MB/s", GroupBytes},

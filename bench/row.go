@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -41,10 +42,21 @@ type RowResult struct {
 
 // runStats is the part of `kata-fsx run --stats-file` the driver reads.
 type runStats struct {
-	StartSeconds float64      `json:"start_seconds"`
-	AtReady      []procSample `json:"at_ready"`
-	AtStart      []procSample `json:"at_start"`
-	AtEnd        []procSample `json:"at_end"`
+	StartSeconds       float64      `json:"start_seconds"`
+	FirstOutputSeconds float64      `json:"first_output_seconds"`
+	AtReady            []procSample `json:"at_ready"`
+	AtStart            []procSample `json:"at_start"`
+	AtFirstOutput      []procSample `json:"at_first_output"`
+	AtEnd              []procSample `json:"at_end"`
+}
+
+// coldStart is the time from `run` to the process's first output, the
+// first moment it provably runs; the agent's start report when it printed nothing.
+func (st *runStats) coldStart() float64 {
+	if st.FirstOutputSeconds > 0 {
+		return st.FirstOutputSeconds
+	}
+	return st.StartSeconds
 }
 
 type procSample struct {
@@ -161,7 +173,7 @@ func (d *driver) finishOutput(res *RowResult, out string, runErr error, stderrLo
 
 // runVM boots the row's pod through `kata-fsx run` (the shim's sandbox
 // code), runs the workload script as its container process, then boots
-// it again with /bin/true for the remaining cold-start samples.
+// it again with /bin/echo for the remaining cold-start samples.
 func (d *driver) runVM(ctx context.Context, dir string, n int, r Row, res *RowResult) error {
 	cfg, err := d.rowConfig(dir, r)
 	if err != nil {
@@ -188,7 +200,7 @@ func (d *driver) runVM(ctx context.Context, dir string, n int, r Row, res *RowRe
 	script := append([]string{"/usr/bin/env"}, d.scriptEnv()...)
 	script = append(script, "/bin/bash", "-c", workload.Script, "workloads.sh")
 	for boot := 0; boot < max(1, d.o.StartReps); boot++ {
-		cmd := []string{"/bin/true"}
+		cmd := []string{"/bin/echo", "started"}
 		what := "cold start"
 		if boot == 0 {
 			cmd, what = script, "workloads"
@@ -199,7 +211,12 @@ func (d *driver) runVM(ctx context.Context, dir string, n int, r Row, res *RowRe
 		args := []string{"run", "--config", cfg, "--backend", backend, "--rootfs", rootfs, "--stats-file", statsPath,
 			"--id", fmt.Sprintf("bench-%d-%d", n, boot), "--"}
 		var out bytes.Buffer
-		runErr := d.kataFSX(ctx, append(args, cmd...), io.MultiWriter(&out, d.progress(r.Spec)), stderrLog)
+		bootCtx, stalled := d.watchdog(ctx, boot == 0)
+		runErr := d.kataFSX(bootCtx, append(args, cmd...), io.MultiWriter(&out, d.progress(r.Spec), stalled), stderrLog)
+		if why := stalled.reason(); why != "" {
+			runErr = fmt.Errorf("%s: %w", why, runErr)
+		}
+		stalled.stop()
 		st, raw, serr := readStats(statsPath)
 		if boot == 0 {
 			if serr == nil {
@@ -215,13 +232,17 @@ func (d *driver) runVM(ctx context.Context, dir string, n int, r Row, res *RowRe
 		if serr != nil {
 			return serr
 		}
-		res.ColdStart = append(res.ColdStart, st.StartSeconds)
+		res.ColdStart = append(res.ColdStart, st.coldStart())
 	}
 	return nil
 }
 
 func (d *driver) recordStats(res *RowResult, st *runStats) {
-	if s, ok := serving(st.AtStart); ok {
+	at := st.AtFirstOutput
+	if len(at) == 0 {
+		at = st.AtStart
+	}
+	if s, ok := serving(at); ok {
 		res.Serving = s.Role
 		if r, ok := serving(st.AtReady); ok {
 			res.StartRChar = s.RChar - min(s.RChar, r.RChar)
@@ -340,4 +361,56 @@ func tailOf(path string, n int) string {
 		b = b[len(b)-n:]
 	}
 	return "\n" + string(b)
+}
+
+// stallWatch cancels a boot whose script has printed no protocol line for
+// the stall limit: a guest stuck on a lost request would otherwise hold the
+// row until its timeout.
+type stallWatch struct {
+	mu     sync.Mutex
+	timer  *time.Timer
+	limit  time.Duration
+	last   string
+	why    string
+	cancel context.CancelFunc
+}
+
+func (d *driver) watchdog(ctx context.Context, on bool) (context.Context, *stallWatch) {
+	ctx, cancel := context.WithCancel(ctx)
+	w := &stallWatch{limit: d.o.StallTimeout, cancel: cancel, last: "before the script's first line"}
+	if on && w.limit > 0 {
+		w.timer = time.AfterFunc(w.limit, func() {
+			w.mu.Lock()
+			w.why = fmt.Sprintf("no progress for %s (last: %s): the guest looks hung; boot stopped", w.limit, w.last)
+			w.mu.Unlock()
+			cancel()
+		})
+	}
+	return ctx, w
+}
+
+func (w *stallWatch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.timer != nil && w.why == "" {
+		w.timer.Reset(w.limit)
+	}
+	if i := bytes.LastIndex(p, []byte("@@")); i >= 0 {
+		line, _, _ := bytes.Cut(p[i:], []byte("\n"))
+		w.last = truncate(string(line), 120)
+	}
+	return len(p), nil
+}
+
+func (w *stallWatch) reason() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.why
+}
+
+func (w *stallWatch) stop() {
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	w.cancel()
 }

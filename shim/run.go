@@ -164,13 +164,17 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 		return 1, err
 	}
 	fmt.Fprintf(stderr, "kata-fsx run: sandbox %s: backend %s (%s)\n", sb.ID, sb.Decision.Backend, sb.Decision.Reason)
+	var statsMu sync.Mutex // the output pump records the first output
 	stats := &RunStats{SandboxID: sb.ID, Backend: sb.Decision.Backend, Reason: sb.Decision.Reason,
 		ReadySeconds: time.Since(r.began).Seconds(), AtReady: sb.Sample()}
 	defer func() {
 		if r.statsFile != "" {
+			statsMu.Lock()
 			// Sampled before teardown, while the processes still exist.
 			stats.AtEnd = sb.Sample()
-			if err := writeStats(r.statsFile, stats); err != nil {
+			err := writeStats(r.statsFile, stats)
+			statsMu.Unlock()
+			if err != nil {
 				fmt.Fprintf(stderr, "kata-fsx run: %v\n", err)
 			}
 		}
@@ -212,6 +216,13 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 	if r.keep {
 		errOut = &markerWriter{w: stderr, status: keepStatus}
 	}
+	// The process's first output proves it runs: the cold-start mark.
+	stdout = &firstWrite{w: stdout, first: func() {
+		statsMu.Lock()
+		defer statsMu.Unlock()
+		stats.FirstOutputSeconds = time.Since(r.began).Seconds()
+		stats.AtFirstOutput = sb.Sample()
+	}}
 	copies := pumpOutput(streamCtx, a, cid, cid, stdout, errOut)
 	if r.keep {
 		var code int
@@ -266,6 +277,18 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 	case <-time.After(5 * time.Second):
 	}
 	return int(res.code), nil
+}
+
+// firstWrite calls first before the first write reaches w.
+type firstWrite struct {
+	w     io.Writer
+	once  sync.Once
+	first func()
+}
+
+func (f *firstWrite) Write(p []byte) (int, error) {
+	f.once.Do(f.first)
+	return f.w.Write(p)
 }
 
 // pumpOutput copies a process's stdout and stderr from the agent until they

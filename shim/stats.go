@@ -155,12 +155,18 @@ type RunStats struct {
 	// StartSeconds runs from the start of `run` to the agent reporting the
 	// container's process started (rootfs mounted, entrypoint executed).
 	StartSeconds float64 `json:"start_seconds"`
+	// FirstOutputSeconds runs from the start of `run` to the first byte
+	// the process wrote to stdout (0 if it wrote none): the process has
+	// been loaded and runs.
+	FirstOutputSeconds float64 `json:"first_output_seconds,omitempty"`
 	// AtReady, AtStart and AtEnd sample the processes when the sandbox is
 	// up, when the container's process has started, and when it has
 	// exited (before teardown).
 	AtReady []ProcessSample `json:"at_ready"`
 	AtStart []ProcessSample `json:"at_start"`
 	AtEnd   []ProcessSample `json:"at_end"`
+	// AtFirstOutput samples them when the process's first output arrives.
+	AtFirstOutput []ProcessSample `json:"at_first_output,omitempty"`
 }
 
 func writeStats(path string, st *RunStats) error {

@@ -16,6 +16,7 @@ type runStats struct {
 	Backend      string       `json:"backend"`
 	ReadySeconds float64      `json:"ready_seconds"`
 	StartSeconds float64      `json:"start_seconds"`
+	FirstOutput  float64      `json:"first_output_seconds"`
 	AtReady      []procSample `json:"at_ready"`
 	AtStart      []procSample `json:"at_start"`
 	AtEnd        []procSample `json:"at_end"`
@@ -73,7 +74,7 @@ func TestRunVirtioBlkRawRootfs(t *testing.T) {
 	if err := json.Unmarshal(b, &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.Backend != "virtio-blk" || st.ReadySeconds <= 0 || st.StartSeconds < st.ReadySeconds {
+	if st.Backend != "virtio-blk" || st.ReadySeconds <= 0 || st.StartSeconds < st.ReadySeconds || st.FirstOutput < st.StartSeconds {
 		t.Fatalf("stats timings: %+v", st)
 	}
 	if len(st.AtEnd) != 1 || st.AtEnd[0].Role != "qemu" || !st.AtEnd[0].ServesRootfs || st.AtEnd[0].HWMKiB == 0 || st.AtEnd[0].Error != "" {
