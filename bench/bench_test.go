@@ -212,3 +212,29 @@ func TestStallWatch(t *testing.T) {
 		t.Fatal("stop did not release the boot's context")
 	}
 }
+
+func TestUnfinishedAndMerge(t *testing.T) {
+	d := &driver{o: Options{Reps: 2}}
+	first, err := ParseOutput("@@RESULT chown 1 1 s\n@@RESULT chown 2 1 s\n@@RESULT stat 1 2 s\n@@FAIL dbench 1 no dbench\n@@INFO fio_mode psync\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest := d.unfinished(first, "chown,stat,dbench,find")
+	if strings.Join(rest, ",") != "stat,find" {
+		t.Fatalf("unfinished = %v, want stat,find", rest)
+	}
+	if _, ok := first.Samples["stat"]; ok {
+		t.Fatal("partial stat samples kept: the retry would mix two boots in one median")
+	}
+	second, _ := ParseOutput("@@RESULT stat 1 3 s\n@@RESULT stat 2 4 s\n@@RESULT find 1 1 s\n@@RESULT find 2 1 s\n@@INFO fio_mode libaio\n@@DONE\n")
+	m := merge(first, second)
+	if len(m.Samples["stat"]) != 2 || len(m.Samples["chown"]) != 2 || len(m.Samples["find"]) != 2 || !m.Done {
+		t.Fatalf("merged %+v", m)
+	}
+	if m.Info["fio_mode"] != "psync" || len(m.Failures["dbench"]) != 1 {
+		t.Fatalf("merged info/failures %+v", m)
+	}
+	if merge(nil, second) != second || merge(first, nil) != first {
+		t.Fatal("merge with nil")
+	}
+}

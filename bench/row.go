@@ -95,7 +95,6 @@ func (d *driver) scriptEnv() []string {
 		fmt.Sprintf("BENCH_FIO_SECS=%d", d.o.FioSecs),
 		fmt.Sprintf("BENCH_DBENCH_SECS=%d", d.o.DbenchSecs),
 		fmt.Sprintf("BENCH_SQLITE_ROWS=%d", d.o.SqliteRows),
-		"BENCH_ONLY=" + d.o.Only,
 		"LC_ALL=C",
 	}
 }
@@ -152,7 +151,7 @@ func (d *driver) runHost(ctx context.Context, dir string, res *RowResult) error 
 	}
 	defer logf.Close()
 	var out bytes.Buffer
-	runErr := workload.RunOnHost(ctx, d.o.Image, d.scriptEnv(), io.MultiWriter(&out, d.progress(res.Spec)), logf)
+	runErr := workload.RunOnHost(ctx, d.o.Image, append(d.scriptEnv(), "BENCH_ONLY="+d.o.Only), io.MultiWriter(&out, d.progress(res.Spec)), logf)
 	return d.finishOutput(res, out.String(), runErr, filepath.Join(dir, "stderr.log"))
 }
 
@@ -197,13 +196,15 @@ func (d *driver) runVM(ctx context.Context, dir string, n int, r Row, res *RowRe
 		}
 		rootfs = "raw:" + raw
 	}
-	script := append([]string{"/usr/bin/env"}, d.scriptEnv()...)
-	script = append(script, "/bin/bash", "-c", workload.Script, "workloads.sh")
+	only := d.o.Only
+	retried := false
 	for boot := 0; boot < max(1, d.o.StartReps); boot++ {
 		cmd := []string{"/bin/echo", "started"}
 		what := "cold start"
 		if boot == 0 {
-			cmd, what = script, "workloads"
+			env := append(d.scriptEnv(), "BENCH_ONLY="+only)
+			cmd = append(append([]string{"/usr/bin/env"}, env...), "/bin/bash", "-c", workload.Script, "workloads.sh")
+			what = "workloads"
 		}
 		d.logf("%s: boot %d (%s)", r.Spec, boot+1, what)
 		statsPath := filepath.Join(dir, fmt.Sprintf("stats%d.json", boot))
@@ -213,17 +214,37 @@ func (d *driver) runVM(ctx context.Context, dir string, n int, r Row, res *RowRe
 		var out bytes.Buffer
 		bootCtx, stalled := d.watchdog(ctx, boot == 0)
 		runErr := d.kataFSX(bootCtx, append(args, cmd...), io.MultiWriter(&out, d.progress(r.Spec), stalled), stderrLog)
-		if why := stalled.reason(); why != "" {
+		why := stalled.reason()
+		if why != "" {
 			runErr = fmt.Errorf("%s: %w", why, runErr)
 		}
 		stalled.stop()
 		st, raw, serr := readStats(statsPath)
 		if boot == 0 {
-			if serr == nil {
+			if serr == nil && !retried {
 				res.Stats = raw
 				d.recordStats(res, st)
 			}
-			if err := d.finishOutput(res, out.String(), runErr, stderrLog); err != nil {
+			prev := res.Output
+			res.Output = nil
+			err := d.finishOutput(res, out.String(), runErr, stderrLog)
+			res.Output = merge(prev, res.Output)
+			if why != "" && !retried && res.Output != nil && ctx.Err() == nil {
+				// One more boot for what the hung one did not finish.
+				if rest := d.unfinished(res.Output, only); len(rest) > 0 {
+					d.logf("%s: %s; retrying %s in a new boot", r.Spec, why, strings.Join(rest, ","))
+					res.Output.Info["retried"] = why + "; a second boot ran " + strings.Join(rest, ",")
+					if strings.HasPrefix(rootfs, "/") {
+						if err := os.RemoveAll(filepath.Join(rootfs, "bench", "work")); err != nil {
+							return err
+						}
+					}
+					only, retried = strings.Join(rest, ","), true
+					boot--
+					continue
+				}
+			}
+			if err != nil {
 				return err
 			}
 		} else if runErr != nil {
@@ -413,4 +434,46 @@ func (w *stallWatch) stop() {
 		w.timer.Stop()
 	}
 	w.cancel()
+}
+
+// unfinished lists the selected workloads that have neither all their
+// repetitions nor a failure, dropping their partial samples.
+func (d *driver) unfinished(o *Output, only string) []string {
+	var rest []string
+	for _, w := range Workloads() {
+		if w.Name == "coldstart" || (only != "" && !strings.Contains(","+only+",", ","+w.Name+",")) {
+			continue
+		}
+		if len(o.Samples[w.Name]) < d.o.Reps && len(o.Failures[w.Name]) == 0 {
+			delete(o.Samples, w.Name)
+			rest = append(rest, w.Name)
+		}
+	}
+	return rest
+}
+
+// merge adds b's results to a's (a second boot of the same row).
+func merge(a, b *Output) *Output {
+	if a == nil {
+		return b
+	}
+	if b == nil {
+		return a
+	}
+	for k, v := range b.Samples {
+		a.Samples[k] = append(a.Samples[k], v...)
+	}
+	for k, v := range b.Failures {
+		a.Failures[k] = append(a.Failures[k], v...)
+	}
+	for k, v := range b.Units {
+		a.Units[k] = v
+	}
+	for k, v := range b.Info {
+		if _, ok := a.Info[k]; !ok {
+			a.Info[k] = v
+		}
+	}
+	a.Done = b.Done
+	return a
 }
