@@ -219,16 +219,20 @@ func TestUnfinishedAndMerge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rest := d.unfinished(first, "chown,stat,dbench,find")
-	if strings.Join(rest, ",") != "stat,find" {
-		t.Fatalf("unfinished = %v, want stat,find", rest)
+	rest := d.unfinished(first, "chown,stat,dbench,find,rg", "no progress for 3m")
+	// stat was running when the guest hung: charged with it, not retried.
+	if strings.Join(rest, ",") != "find,rg" {
+		t.Fatalf("unfinished = %v, want find,rg", rest)
 	}
-	if _, ok := first.Samples["stat"]; ok {
-		t.Fatal("partial stat samples kept: the retry would mix two boots in one median")
+	if f := first.Failures["stat"]; len(f) != 1 || !strings.Contains(f[0], "rep 2: no progress") {
+		t.Fatalf("hung workload not charged: %v", first.Failures)
+	}
+	if rest := d.unfinished(first, "chown,stat,dbench,find,rg", "again"); strings.Join(rest, ",") != "find,rg" {
+		t.Fatalf("second call charged another workload: %v", rest)
 	}
 	second, _ := ParseOutput("@@RESULT stat 1 3 s\n@@RESULT stat 2 4 s\n@@RESULT find 1 1 s\n@@RESULT find 2 1 s\n@@INFO fio_mode libaio\n@@DONE\n")
 	m := merge(first, second)
-	if len(m.Samples["stat"]) != 2 || len(m.Samples["chown"]) != 2 || len(m.Samples["find"]) != 2 || !m.Done {
+	if len(m.Samples["stat"]) != 3 || len(m.Samples["chown"]) != 2 || len(m.Samples["find"]) != 2 || !m.Done {
 		t.Fatalf("merged %+v", m)
 	}
 	if m.Info["fio_mode"] != "psync" || len(m.Failures["dbench"]) != 1 {

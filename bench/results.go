@@ -57,6 +57,8 @@ type Output struct {
 	Info     map[string]string    `json:"info,omitempty"`
 	Started  bool                 `json:"started"`
 	Done     bool                 `json:"done"`
+	// hungRecorded is set once a hung workload has been charged.
+	hungRecorded bool
 }
 
 // maxLine bounds one protocol line; the script's lines are short.

@@ -231,7 +231,7 @@ func (d *driver) runVM(ctx context.Context, dir string, n int, r Row, res *RowRe
 			res.Output = merge(prev, res.Output)
 			if why != "" && !retried && res.Output != nil && ctx.Err() == nil {
 				// One more boot for what the hung one did not finish.
-				if rest := d.unfinished(res.Output, only); len(rest) > 0 {
+				if rest := d.unfinished(res.Output, only, why); len(rest) > 0 {
 					d.logf("%s: %s; retrying %s in a new boot", r.Spec, why, strings.Join(rest, ","))
 					res.Output.Info["retried"] = why + "; a second boot ran " + strings.Join(rest, ",")
 					if strings.HasPrefix(rootfs, "/") {
@@ -436,18 +436,30 @@ func (w *stallWatch) stop() {
 	w.cancel()
 }
 
-// unfinished lists the selected workloads that have neither all their
-// repetitions nor a failure, dropping their partial samples.
-func (d *driver) unfinished(o *Output, only string) []string {
+// scriptOrder is the order the workload script runs its workloads in.
+var scriptOrder = []string{"fio-seqread", "fio-seqwrite", "fio-randread", "fio-randwrite", "dbench",
+	"install", "chown", "stat", "find", "rg", "rm", "sqlite-insert", "sqlite-select"}
+
+// unfinished lists, after a boot that hung, the selected workloads still to
+// run. The first unfinished one in script order is the one the guest hung
+// in: it is recorded as failed with why, so a retry does not hang on it
+// again; the others lose their partial samples and are listed.
+func (d *driver) unfinished(o *Output, only, why string) []string {
 	var rest []string
-	for _, w := range Workloads() {
-		if w.Name == "coldstart" || (only != "" && !strings.Contains(","+only+",", ","+w.Name+",")) {
+	for _, w := range scriptOrder {
+		if only != "" && !strings.Contains(","+only+",", ","+w+",") {
 			continue
 		}
-		if len(o.Samples[w.Name]) < d.o.Reps && len(o.Failures[w.Name]) == 0 {
-			delete(o.Samples, w.Name)
-			rest = append(rest, w.Name)
+		if len(o.Samples[w]) >= d.o.Reps || len(o.Failures[w]) > 0 {
+			continue
 		}
+		if len(rest) == 0 && o.Failures[w] == nil && why != "" && !o.hungRecorded {
+			o.Failures[w] = append(o.Failures[w], fmt.Sprintf("rep %d: %s", len(o.Samples[w])+1, why))
+			o.hungRecorded = true
+			continue
+		}
+		delete(o.Samples, w)
+		rest = append(rest, w)
 	}
 	return rest
 }
