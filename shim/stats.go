@@ -20,6 +20,10 @@ type ProcessRef struct {
 	// ServesRootfs is set on the process that reads the rootfs's bytes
 	// from the host for the guest.
 	ServesRootfs bool `json:"serves_rootfs"`
+	// WithChildren counts the process's descendants as part of it: the C
+	// virtiofsd serves from a forked child. Not for kata-fsx, whose
+	// children are QEMU and virtiofsd.
+	WithChildren bool `json:"with_children"`
 }
 
 // Processes lists the host processes working for the sandbox.
@@ -30,7 +34,7 @@ func (s *Sandbox) Processes() []ProcessRef {
 		refs = append(refs, ProcessRef{Role: "qemu", PID: s.vm.Pid(), ServesRootfs: b == config.SharedFS9P || b == BackendVirtioBlk})
 	}
 	if s.vfsd != nil {
-		refs = append(refs, ProcessRef{Role: "virtiofsd", PID: s.vfsd.Pid(), ServesRootfs: b == config.SharedFSVirtioFS})
+		refs = append(refs, ProcessRef{Role: "virtiofsd", PID: s.vfsd.Pid(), ServesRootfs: b == config.SharedFSVirtioFS, WithChildren: true})
 	}
 	if b == config.SharedFSImagefsBlk {
 		refs = append(refs, ProcessRef{Role: "kata-fsx", PID: os.Getpid(), ServesRootfs: true})
@@ -69,10 +73,12 @@ func (s *Sandbox) Sample() []ProcessSample {
 	return out
 }
 
-// read sums the counters over the process and its descendants: the C
-// virtiofsd forks into its sandbox and serves from the child.
+// read sums the counters over the process and, if asked, its descendants.
 func (ps *ProcessSample) read() error {
-	pids := append([]int{ps.PID}, descendants(ps.PID)...)
+	pids := []int{ps.PID}
+	if ps.WithChildren {
+		pids = append(pids, descendants(ps.PID)...)
+	}
 	for i, pid := range pids {
 		io, err := procFields(fmt.Sprintf("/proc/%d/io", pid))
 		if err == nil {

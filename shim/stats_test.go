@@ -19,7 +19,7 @@ func TestSampleCoversDescendants(t *testing.T) {
 	var ps ProcessSample
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		ps = ProcessSample{ProcessRef: ProcessRef{Role: "test", PID: cmd.Process.Pid}}
+		ps = ProcessSample{ProcessRef: ProcessRef{Role: "test", PID: cmd.Process.Pid, WithChildren: true}}
 		if err := ps.read(); err != nil {
 			t.Fatal(err)
 		}
@@ -33,6 +33,10 @@ func TestSampleCoversDescendants(t *testing.T) {
 	}
 	if ps.RSSKiB == 0 || ps.HWMKiB < ps.RSSKiB || ps.AnonKiB == 0 || ps.AnonKiB > ps.RSSKiB {
 		t.Fatalf("memory counters: %+v", ps)
+	}
+	alone := ProcessSample{ProcessRef: ProcessRef{Role: "test", PID: cmd.Process.Pid}}
+	if err := alone.read(); err != nil || alone.Processes != 1 || alone.RChar >= ps.RChar {
+		t.Fatalf("a sample without children counted them: %+v (with children %+v) %v", alone, ps, err)
 	}
 	gone := ProcessSample{ProcessRef: ProcessRef{PID: 1 << 30}}
 	if err := gone.read(); err == nil || !strings.Contains(err.Error(), "/proc/") {
