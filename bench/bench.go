@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -199,7 +198,7 @@ func Run(ctx context.Context, o Options, defaultConfig string, stdout, stderr io
 		},
 		Seconds: time.Since(started).Seconds(),
 	}
-	rep.Host["loadavg_end"] = loadAvg()
+	rep.Host["loadavg_end"] = LoadAvg()
 	if err := writeReport(rep, o, stdout); err != nil {
 		return err
 	}
@@ -240,7 +239,7 @@ func (d *driver) probeHost(ctx context.Context) error {
 	}
 	d.host = map[string]string{
 		"cpus": fmt.Sprint(runtime.NumCPU()), "qemu": caps.VersionLine, "go": runtime.Version(),
-		"cpu": "unknown", "loadavg_start": loadAvg(), "virtiofsd": "none configured",
+		"cpu": "unknown", "loadavg_start": LoadAvg(), "virtiofsd": "none configured",
 	}
 	if q.VirtioFSDaemon != "" {
 		if dm, err := virtiofs.Detect(ctx, q.VirtioFSDaemon); err == nil {
@@ -273,26 +272,20 @@ func (d *driver) probeHost(ctx context.Context) error {
 }
 
 // probeAIO picks io_uring for the raw virtio-blk row when QEMU's block
-// layer can use it here, threads otherwise, with the reason.
+// layer can use it here, threads otherwise; the second result is the
+// choice with its reason, for the report.
 func (d *driver) probeAIO(ctx context.Context) (string, string) {
-	qio, err := exec.LookPath("qemu-io")
-	if err != nil {
-		return "threads", "threads (qemu-io not found to probe io_uring)"
-	}
 	f := filepath.Join(d.tmp, "aio-probe.raw")
 	if err := os.WriteFile(f, make([]byte, 1<<16), 0o600); err != nil {
 		return "threads", "threads (" + err.Error() + ")"
 	}
 	defer os.Remove(f)
-	out, err := exec.CommandContext(ctx, qio, "-f", "raw", "-n", "-i", "io_uring", "-r", "-c", "read 0 4k", f).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "read 4096/4096") {
-		return "threads", fmt.Sprintf("threads (io_uring probe failed: %v %s)", err, strings.TrimSpace(string(out)))
-	}
-	return "io_uring", "io_uring (qemu-io -n -i io_uring reads a file here)"
+	aio, why := hypervisor.ProbeIOUring(ctx, f)
+	return aio, aio + " (" + why + ")"
 }
 
-// loadAvg is the 1-minute load average, to judge how noisy a run was.
-func loadAvg() string {
+// LoadAvg is the 1-minute load average, to judge how noisy a run was.
+func LoadAvg() string {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
 		return "unknown"

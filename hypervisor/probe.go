@@ -311,3 +311,18 @@ func truncate(s string, n int) string {
 	}
 	return s[:n] + "..."
 }
+
+// ProbeIOUring says whether QEMU's block layer can use io_uring on file
+// here (seccomp or an old kernel can forbid it): "io_uring" or "threads",
+// with the reason. It needs qemu-io.
+func ProbeIOUring(ctx context.Context, file string) (aio, why string) {
+	qio, err := exec.LookPath("qemu-io")
+	if err != nil {
+		return "threads", "qemu-io not found to probe io_uring"
+	}
+	out, err := exec.CommandContext(ctx, qio, "-f", "raw", "-n", "-i", "io_uring", "-r", "-c", "read 0 4k", file).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "read 4096/4096") {
+		return "threads", fmt.Sprintf("io_uring probe failed: %v %s", err, strings.TrimSpace(string(out)))
+	}
+	return "io_uring", "qemu-io -n -i io_uring reads a raw file here"
+}

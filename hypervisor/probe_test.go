@@ -203,3 +203,21 @@ func FuzzParseHelp(f *testing.F) {
 		}
 	})
 }
+
+func TestProbeIOUring(t *testing.T) {
+	if _, err := exec.LookPath("qemu-io"); err != nil {
+		t.Skip("qemu-io not installed (apt-get install qemu-utils)")
+	}
+	f := filepath.Join(t.TempDir(), "probe.raw")
+	if err := os.WriteFile(f, make([]byte, 1<<16), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	aio, why := ProbeIOUring(context.Background(), f)
+	if (aio != "io_uring" && aio != "threads") || why == "" {
+		t.Fatalf("ProbeIOUring = %q, %q", aio, why)
+	}
+	// A file qemu-io cannot read never yields io_uring.
+	if aio, why := ProbeIOUring(context.Background(), filepath.Join(t.TempDir(), "missing")); aio != "threads" || !strings.Contains(why, "probe failed") {
+		t.Fatalf("missing file: %q, %q", aio, why)
+	}
+}

@@ -32,21 +32,6 @@ func exportRaw(ctx context.Context, img *ext4.Image, opener index.Opener, path s
 	return f.Close()
 }
 
-// probeAIO picks io_uring when QEMU's block layer can use it on this host
-// (seccomp or an old kernel can forbid it), threads otherwise, with the
-// reason; raw is any raw file on the filesystem the disks live on.
-func probeAIO(ctx context.Context, raw string) (string, string) {
-	qio, err := exec.LookPath("qemu-io")
-	if err != nil {
-		return "threads", "qemu-io not found to probe io_uring"
-	}
-	out, err := exec.CommandContext(ctx, qio, "-f", "raw", "-n", "-i", "io_uring", "-r", "-c", "read 0 4k", raw).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "read 4096/4096") {
-		return "threads", fmt.Sprintf("io_uring probe failed: %v %s", err, strings.TrimSpace(string(out)))
-	}
-	return "io_uring", "qemu-io -n -i io_uring reads the raw file"
-}
-
 // storageDaemon is a running qemu-storage-daemon exporting one raw file
 // over vhost-user-blk.
 type storageDaemon struct {

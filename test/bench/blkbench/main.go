@@ -28,11 +28,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kata-fsx/kata-fsx/bench"
 	"github.com/kata-fsx/kata-fsx/blk"
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
-	"github.com/kata-fsx/kata-fsx/test/bench/benchdoc"
 )
 
 // options are the command-line settings.
@@ -100,7 +100,7 @@ type backendResult struct {
 
 func run(ctx context.Context, o options) (err error) {
 	started := time.Now()
-	loadStart := loadAvg()
+	loadStart := bench.LoadAvg()
 	for _, f := range []string{"vmlinux", "initrd.img"} {
 		if _, err := os.Stat(filepath.Join(o.kit, f)); err != nil {
 			return fmt.Errorf("guest kit: %w (run 'make guest')", err)
@@ -181,7 +181,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	fmt.Fprintf(os.Stderr, "blkbench: image %.0f MiB (metadata %.1f MiB), %d raw exports in %.1f s\n",
 		float64(imgBytes)/(1<<20), float64(disk.Image.Manifest.MetaBytes)/(1<<20), len(raws), time.Since(t0).Seconds())
-	aio, aioWhy := probeAIO(ctx, rawB)
+	aio, aioWhy := hypervisor.ProbeIOUring(ctx, rawB)
 	fmt.Fprintf(os.Stderr, "blkbench: host aio %s (%s)\n", aio, aioWhy)
 
 	s := vmSettings{kit: kit, caps: caps, accel: accel, memoryMiB: uint64(o.memoryMiB),
@@ -282,7 +282,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 
 	host := hostInfo(caps, qsd, accel, accelWhy, kit, aio, aioWhy)
-	host["loadavg_start"], host["loadavg_end"] = loadStart, loadAvg()
+	host["loadavg_start"], host["loadavg_end"] = loadStart, bench.LoadAvg()
 	res := map[string]any{
 		"date":    started.UTC().Format(time.RFC3339),
 		"command": strings.TrimSpace("go run ./test/bench/blkbench " + strings.Join(os.Args[1:], " ")),
@@ -307,7 +307,7 @@ func run(ctx context.Context, o options) (err error) {
 	if err := os.WriteFile(o.jsonOut, append(js, '\n'), 0o644); err != nil {
 		return err
 	}
-	if err := benchdoc.ReplaceSection(o.mdOut, "blk-backends", md); err != nil {
+	if err := bench.ReplaceSection(o.mdOut, "blk-backends", md); err != nil {
 		return err
 	}
 	fmt.Print(md)
@@ -510,19 +510,6 @@ func markdown(res map[string]any, results []*backendResult, o options, goBench s
 		"Each raw backend gets its own pristine copy of the image; guest writes land in (a)'s overlay. The guests ran one after another in the order of the columns. " +
 		"Raw numbers: `docs/bench/blk.json`.\n")
 	return b.String()
-}
-
-// loadAvg is the 1-minute load average, to judge how noisy a run was.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return "unknown"
-	}
-	return f[0]
 }
 
 // shortReason keeps the first clause of an accelerator verdict: the full

@@ -20,9 +20,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kata-fsx/kata-fsx/bench"
 	"github.com/kata-fsx/kata-fsx/blk/ext4"
 	"github.com/kata-fsx/kata-fsx/blk/index"
-	"github.com/kata-fsx/kata-fsx/test/bench/benchdoc"
 )
 
 type row struct {
@@ -179,7 +179,7 @@ func main() {
 	if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
 		fatal(err)
 	}
-	if err := benchdoc.ReplaceSection(*mdOut, "image-synthesis", markdown(rows, res)); err != nil {
+	if err := bench.ReplaceSection(*mdOut, "image-synthesis", markdown(rows, res)); err != nil {
 		fatal(err)
 	}
 	fmt.Print(markdown(rows, res))
