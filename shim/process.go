@@ -209,7 +209,13 @@ type stdinPump struct {
 	closing bool // stdin was closed on request: read no more
 }
 
-func (s *stdinPump) run(ctx context.Context, a *agent.Client, cid, execID string) {
+// stdinSink is the guest side of a stdinPump: the agent, or a test's recorder.
+type stdinSink interface {
+	WriteStdin(ctx context.Context, containerID, execID string, data []byte) (int, error)
+	CloseStdin(ctx context.Context, containerID, execID string) error
+}
+
+func (s *stdinPump) run(ctx context.Context, a stdinSink, cid, execID string) {
 	defer close(s.done)
 	buf := make([]byte, 32<<10)
 	for {
@@ -277,13 +283,17 @@ func (s *stdinPump) drained(ctx context.Context, timeout time.Duration) bool {
 			return false
 		default:
 		}
-		avail := 0
+		// Until the pump has opened the fifo, an empty answer means
+		// nothing: the writer's bytes may be waiting for that open.
+		empty := false
 		if s.opened {
+			avail := 0
 			_ = s.raw.Control(func(fd uintptr) {
 				avail, _ = unix.IoctlGetInt(int(fd), unix.TIOCINQ) // FIONREAD
 			})
+			empty = avail == 0 && !s.busy
 		}
-		if (avail == 0 && !s.busy) || time.Now().After(deadline) || ctx.Err() != nil {
+		if empty || time.Now().After(deadline) || ctx.Err() != nil {
 			s.closing = true
 			s.mu.Unlock()
 			return true
