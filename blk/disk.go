@@ -32,11 +32,25 @@ type Options struct {
 	// NumQueues is the most queues the frontend may use; QEMU's num-queues
 	// must not exceed it.
 	NumQueues int
+	// QueueSize is the frontend's descriptors per queue (QEMU's
+	// queue-size); the device offers seg_max = QueueSize-2 segments per
+	// request, as QEMU's own virtio-blk does, so the guest sends requests
+	// of the same size to both. Zero keeps the server's default.
+	QueueSize int
 	ReadOnly  bool
 	// Socket is where Create serves the disk (default DIR/vhost-blk.sock);
 	// unix socket paths are limited to 107 bytes, so callers with deep
 	// directories put it somewhere shorter.
 	Socket string
+}
+
+// segMax is the seg_max matching a queue of n descriptors: a request's
+// header and status take two of them.
+func segMax(n int) int {
+	if n <= 2 {
+		return 0
+	}
+	return n - 2
 }
 
 // maxSocketPath is the longest path a unix socket can be bound to.
@@ -122,7 +136,7 @@ func serveImage(ctx context.Context, img *ext4.Image, overlayPath, socket string
 		d.base.Close()
 		return nil, fmt.Errorf("imagefs-blk: overlay %s: %w", overlayPath, err)
 	}
-	d.srv, err = vhostuser.Serve(ctx, socket, d.dev, vhostuser.Options{NumQueues: max(opts.NumQueues, 1)})
+	d.srv, err = vhostuser.Serve(ctx, socket, d.dev, vhostuser.Options{NumQueues: max(opts.NumQueues, 1), SegMax: segMax(opts.QueueSize)})
 	if err != nil {
 		d.dev.Close()
 		d.base.Close()

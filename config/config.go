@@ -198,7 +198,7 @@ func Default() *Config {
 				WritableSizeMB: 1024,
 				BlockSize:      4096,
 				NumQueues:      1,
-				QueueSize:      128,
+				QueueSize:      256,
 				Journal:        true,
 				JournalSizeMB:  16,
 			},

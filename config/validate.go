@@ -138,7 +138,7 @@ func Validate(c *Config, host HostFacts) error {
 		add(&Error{Key: "kata_fsx.imagefs_blk.num_queues", Value: fmt.Sprint(b.NumQueues), Problem: "must be between 1 and 64", Fix: "use 1, or the number of vCPUs"})
 	}
 	if b.QueueSize == 0 || b.QueueSize&(b.QueueSize-1) != 0 || b.QueueSize > 1024 {
-		add(&Error{Key: "kata_fsx.imagefs_blk.queue_size", Value: fmt.Sprint(b.QueueSize), Problem: "must be a power of two between 1 and 1024", Fix: "use 128 or 256"})
+		add(&Error{Key: "kata_fsx.imagefs_blk.queue_size", Value: fmt.Sprint(b.QueueSize), Problem: "must be a power of two between 1 and 1024", Fix: "use 256 (the default) or 128"})
 	}
 	if b.StateDir == "" || !strings.HasPrefix(b.StateDir, "/") {
 		add(&Error{Key: "kata_fsx.imagefs_blk.state_dir", Value: b.StateDir, Problem: "must be an absolute path", Fix: "use /var/lib/kata-fsx/imagefs-blk"})

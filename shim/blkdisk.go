@@ -50,6 +50,7 @@ func blkOptions(c *config.Config) blk.Options {
 		Journal:      b.Journal,
 		JournalSize:  int64(b.JournalSizeMB) << 20,
 		NumQueues:    int(b.NumQueues),
+		QueueSize:    int(b.QueueSize),
 	}
 }
 

@@ -153,7 +153,7 @@ func run(ctx context.Context, o options) (err error) {
 	// The shim's defaults, so (a) is the disk a pod gets.
 	b := config.Default().KataFSX.ImagefsBlk
 	bopts := blk.Options{CacheDir: icache, WritableSize: int64(b.WritableSizeMB) << 20, BlockSize: int(b.BlockSize),
-		Journal: b.Journal, JournalSize: int64(b.JournalSizeMB) << 20, NumQueues: int(b.NumQueues)}
+		Journal: b.Journal, JournalSize: int64(b.JournalSizeMB) << 20, NumQueues: int(b.NumQueues), QueueSize: int(b.QueueSize)}
 	disk, err := blk.CreateFromIndex(ctx, idx, filepath.Join(tmp, "imagefs"), bopts)
 	if err != nil {
 		return err
@@ -210,7 +210,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 
 	// (a) imagefs-blk, served by this process.
-	ra := &backendResult{Label: "(a) imagefs-blk", Name: "imagefs-blk", Device: "vhost-user-blk-pci (num-queues 1, queue-size 128)",
+	ra := &backendResult{Label: "(a) imagefs-blk", Name: "imagefs-blk", Device: fmt.Sprintf("vhost-user-blk-pci (num-queues %d, queue-size %d, seg_max %d)", b.NumQueues, b.QueueSize, b.QueueSize-2),
 		Host: "kata-fsx blk.CreateFromIndex in the benchmark process: ext4 metadata synthesized, data read from the layer files (host page cache), writes to a sparse overlay"}
 	stopProfile, err := startCPUProfile(o.cpuProfile)
 	if err != nil {
@@ -239,7 +239,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 
 	// (c) the raw export behind qemu-storage-daemon's vhost-user-blk.
-	rc := &backendResult{Label: "(c) qsd vhost-user-blk", Name: "qsd vhost-user-blk", Device: "vhost-user-blk-pci (num-queues 1, queue-size 128)"}
+	rc := &backendResult{Label: "(c) qsd vhost-user-blk", Name: "qsd vhost-user-blk", Device: fmt.Sprintf("vhost-user-blk-pci (num-queues 1, queue-size %d)", b.QueueSize)}
 	qsdDir := filepath.Join(tmp, "qsd")
 	sock := filepath.Join(qsdDir, "vhost-blk.sock")
 	if err := os.MkdirAll(qsdDir, 0o700); err != nil {
