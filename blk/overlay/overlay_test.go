@@ -292,6 +292,51 @@ func TestDirtyRanges(t *testing.T) {
 	}
 }
 
+// TestFlushRewritesBitmapOnlyForNewBits checks that a Flush after rewrites
+// of blocks already dirty syncs the data but leaves the bitmap alone, and
+// that those rewrites still survive a reopen.
+func TestFlushRewritesBitmapOnlyForNewBits(t *testing.T) {
+	base := randomBytes(11, 64*4096)
+	path := filepath.Join(t.TempDir(), "ov")
+	d := openT(t, base, path, Options{})
+	m := &model{data: append([]byte(nil), base...)}
+	write := func(off int64, p []byte) {
+		t.Helper()
+		if _, err := d.WriteAt(p, off); err != nil {
+			t.Fatal(err)
+		}
+		copy(m.data[off:], p)
+	}
+	flush := func(wantSyncs uint64, what string) {
+		t.Helper()
+		if err := d.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if got := d.bitmapSyncs.Load(); got != wantSyncs {
+			t.Fatalf("%s: %d bitmap syncs, want %d", what, got, wantSyncs)
+		}
+	}
+	write(5*4096, randomBytes(12, 4096))
+	flush(1, "first write of block 5")
+	write(5*4096, randomBytes(13, 4096))
+	write(5*4096+100, randomBytes(14, 300))
+	flush(1, "rewrites of block 5")
+	flush(1, "flush with nothing written")
+	if err := d.Discard(5*4096, 4096); err != nil {
+		t.Fatal(err)
+	}
+	clear(m.data[5*4096 : 6*4096])
+	flush(1, "discard of dirty block 5")
+	write(6*4096-10, randomBytes(15, 20)) // ends in block 6, clean until now
+	flush(2, "first write of block 6")
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d = openT(t, base, path, Options{})
+	defer d.Close()
+	checkEqual(t, d, m, "after reopen")
+}
+
 func TestOutOfRangeAndReadOnly(t *testing.T) {
 	base := randomBytes(3, 8*4096)
 	path := filepath.Join(t.TempDir(), "ov")
