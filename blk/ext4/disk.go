@@ -6,8 +6,11 @@ import (
 	"io"
 	"sync"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kata-fsx/kata-fsx/blk/blockmap"
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/iovec"
 )
 
 // maxOpenSources bounds the content files a Disk keeps open.
@@ -20,6 +23,8 @@ type Disk struct {
 	img    *Image
 	opener index.Opener
 	size   int64
+
+	iovs sync.Pool // *[]unix.Iovec, for ReadVecAt
 
 	mu     sync.Mutex
 	open   map[sourceKey]*openSource
@@ -46,7 +51,9 @@ var ErrShortSource = errors.New("ext4: content source shorter than indexed")
 // NewDisk returns a reader over img's raw filesystem.
 func NewDisk(img *Image, opener index.Opener) *Disk {
 	bs := int64(img.Map.BlockSize())
-	return &Disk{img: img, opener: opener, size: int64(img.Map.Blocks()) * bs, open: make(map[sourceKey]*openSource)}
+	d := &Disk{img: img, opener: opener, size: int64(img.Map.Blocks()) * bs, open: make(map[sourceKey]*openSource)}
+	d.iovs.New = func() any { v := make([]unix.Iovec, 0, 64); return &v }
+	return d
 }
 
 // Size is the size of the disk in bytes.
@@ -105,6 +112,97 @@ func (d *Disk) readExtent(kind blockmap.Kind, loc blockmap.Location, ext blockma
 		return fmt.Errorf("%w: %s at %d: got %d of %d bytes", ErrShortSource, loc.Path, loc.Offset+rel, n, valid)
 	}
 	return fmt.Errorf("ext4: read %s: %w", loc.Path, err)
+}
+
+// ReadVecAt fills bufs, in order, with the disk's bytes at off, as ReadAt
+// would their concatenation, with one preadv per extent whose content is
+// a file: a guest read of many pages costs a system call per extent, not
+// per page.
+func (d *Disk) ReadVecAt(bufs [][]byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("ext4: negative offset %d", off)
+	}
+	var total int64
+	for _, b := range bufs {
+		total += int64(len(b))
+	}
+	bs := int64(d.img.Map.BlockSize())
+	src := iovec.NewCursor(bufs)
+	var done int64
+	for done < total {
+		pos := off + done
+		if pos >= d.size {
+			return int(done), io.EOF
+		}
+		kind, loc, ext := d.img.Map.Lookup(uint64(pos / bs))
+		start := int64(ext.First) * bs
+		n := min(total-done, int64(ext.First+ext.Count)*bs-pos)
+		if err := d.readExtentVec(kind, loc, ext, pos-start, n, &src); err != nil {
+			return int(done), err
+		}
+		done += n
+	}
+	return int(done), nil
+}
+
+// readExtentVec fills the cursor's next n bytes with the bytes at rel within extent ext.
+func (d *Disk) readExtentVec(kind blockmap.Kind, loc blockmap.Location, ext blockmap.Extent, rel, n int64, src *iovec.Cursor) error {
+	valid := int64(0)
+	if kind == blockmap.Meta || kind == blockmap.Data {
+		valid = max(0, min(n, int64(ext.Bytes)-rel))
+	}
+	if valid > 0 {
+		var r io.ReaderAt
+		if kind == blockmap.Meta {
+			r = d.img.meta
+		} else {
+			s, err := d.acquire(sourceKey{loc.Source, loc.Path})
+			if err != nil {
+				return err
+			}
+			defer d.release(s)
+			r = s.r
+		}
+		got, err := d.readVec(r, src, loc.Offset+rel, valid)
+		if got != valid {
+			if err == nil || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+				return fmt.Errorf("%w: %s at %d: got %d of %d bytes", ErrShortSource, loc.Path, loc.Offset+rel, got, valid)
+			}
+			return fmt.Errorf("ext4: read %s: %w", loc.Path, err)
+		}
+	}
+	src.Zero(n - valid)
+	return nil
+}
+
+// fileReader is a reader backed by a file descriptor (*os.File).
+type fileReader interface {
+	Fd() uintptr
+}
+
+// readVec fills the cursor's next n bytes from r at off: one preadv when r
+// is a file, one ReadAt per buffer otherwise.
+func (d *Disk) readVec(r io.ReaderAt, src *iovec.Cursor, off, n int64) (int64, error) {
+	if f, ok := r.(fileReader); ok {
+		iovp := d.iovs.Get().(*[]unix.Iovec)
+		full := src.Iovecs((*iovp)[:0], n)
+		iov := full
+		got, err := iovec.Preadv(int(f.Fd()), &iov, off)
+		clear(full) // drop the references to the caller's buffers
+		*iovp = full[:0]
+		d.iovs.Put(iovp)
+		return got, err
+	}
+	var got int64
+	for got < n {
+		b := src.Next(n - got)
+		m, err := r.ReadAt(b, off+got)
+		got += int64(m)
+		if m < len(b) {
+			return got, err
+		}
+	}
+	return got, nil
 }
 
 func (d *Disk) acquire(k sourceKey) (*openSource, error) {

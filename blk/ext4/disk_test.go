@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/blk/index"
 )
 
 // TestDiskReadAt compares random, concurrent reads through Disk with the
@@ -29,6 +31,8 @@ func TestDiskReadAt(t *testing.T) {
 	must(t, err)
 	d := NewDisk(img, dirOpener{})
 	defer d.Close()
+	dn := NewDisk(img, noFdOpener{})
+	defer dn.Close()
 	if d.Size() != int64(len(want)) {
 		t.Fatalf("Size %d, raw %d", d.Size(), len(want))
 	}
@@ -53,10 +57,30 @@ func TestDiskReadAt(t *testing.T) {
 					t.Errorf("ReadAt(%d, %d) differs from the export", off, n)
 					return
 				}
+				// The same bytes through ReadVecAt, split into buffers
+				// as a guest's pages would be (empty ones included), on
+				// the preadv path and on the ReadAt fallback.
+				k = int(end - off)
+				vec := randomSplit(rng, k)
+				dv := d
+				if i%2 == 1 {
+					dv = dn
+				}
+				if m, err := dv.ReadVecAt(vec, off); m != k || err != nil {
+					t.Errorf("ReadVecAt(%d, %d in %d buffers) = %d, %v", off, k, len(vec), m, err)
+					return
+				}
+				if got := bytes.Join(vec, nil); !bytes.Equal(got, want[off:end]) {
+					t.Errorf("ReadVecAt(%d, %d in %d buffers) differs from the export", off, k, len(vec))
+					return
+				}
 			}
 		}(int64(g))
 	}
 	wg.Wait()
+	if _, err := d.ReadVecAt([][]byte{make([]byte, 10)}, d.Size()); err != io.EOF {
+		t.Errorf("vectored read at end: %v, want EOF", err)
+	}
 	if _, err := d.ReadAt(make([]byte, 10), d.Size()); err != io.EOF {
 		t.Errorf("read at end: %v, want EOF", err)
 	}
@@ -67,4 +91,39 @@ func TestDiskReadAt(t *testing.T) {
 	if err := Export(context.Background(), img, dirOpener{}, out); !errors.Is(err, ErrShortSource) {
 		t.Fatalf("export over a shrunken source: %v, want ErrShortSource", err)
 	}
+	for _, o := range []index.Opener{dirOpener{}, noFdOpener{}} {
+		dd := NewDisk(img, o)
+		whole := randomSplit(rand.New(rand.NewSource(9)), int(dd.Size()))
+		if _, err := dd.ReadVecAt(whole, 0); !errors.Is(err, ErrShortSource) {
+			t.Errorf("vectored read over a shrunken source (%T): %v, want ErrShortSource", o, err)
+		}
+		dd.Close()
+	}
 }
+
+// randomSplit returns n zeroed bytes as buffers of random sizes, some empty.
+func randomSplit(rng *rand.Rand, n int) [][]byte {
+	var out [][]byte
+	for n > 0 {
+		m := min(n, rng.Intn(3*4096))
+		out = append(out, make([]byte, m))
+		n -= m
+	}
+	return out
+}
+
+// noFdOpener opens like dirOpener but hides the file behind a plain
+// io.ReaderAt, as a reader that is not a file (a remote tier) would be.
+type noFdOpener struct{}
+
+func (noFdOpener) Open(src index.Source, path string) (io.ReaderAt, error) {
+	r, err := dirOpener{}.Open(src, path)
+	if err != nil {
+		return nil, err
+	}
+	return readerOnly{r}, nil
+}
+
+type readerOnly struct{ io.ReaderAt }
+
+func (r readerOnly) Close() error { return r.ReaderAt.(io.Closer).Close() }

@@ -22,6 +22,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kata-fsx/kata-fsx/blk/iovec"
 )
 
 // DefaultBlockSize is the copy-on-write granularity used when Options.BlockSize is zero.
@@ -101,7 +103,8 @@ type Device struct {
 
 	locks   [lockStripes]sync.Mutex
 	scratch sync.Pool // *[]byte of blockSize, for read-modify-write
-	iovs    sync.Pool // *[]unix.Iovec, for vectored writes
+	iovs    sync.Pool // *[]unix.Iovec, for vectored writes and reads
+	pieces  sync.Pool // *[][]byte, a vectored read's runs for the base
 	flushMu sync.Mutex
 	closed  atomic.Bool
 }
@@ -139,6 +142,7 @@ func Open(base io.ReaderAt, size int64, overlayPath string, opts Options) (*Devi
 	d.changed = make([]atomic.Bool, (nwords+pageWords-1)/pageWords)
 	d.scratch.New = func() any { b := make([]byte, bs); return &b }
 	d.iovs.New = func() any { v := make([]unix.Iovec, 0, 256); return &v }
+	d.pieces.New = func() any { v := make([][]byte, 0, 256); return &v }
 
 	if overlayPath == "" {
 		if !opts.ReadOnly {
@@ -390,6 +394,95 @@ func (d *Device) ReadAt(p []byte, off int64) (int, error) {
 	return done, nil
 }
 
+// VectorReader is a reader that fills scattered buffers in one call; a
+// base that implements it (*ext4.Disk does) gets ReadVecAt's runs whole.
+type VectorReader interface {
+	// ReadVecAt fills bufs, in order, with the bytes at off.
+	ReadVecAt(bufs [][]byte, off int64) (int, error)
+}
+
+// ReadVecAt fills bufs, in order, with the disk's bytes at off, as ReadAt
+// would their concatenation: one preadv per run of dirty blocks, and the
+// runs below handed to the base whole when it is a VectorReader. A virtio
+// read arrives as one buffer per guest page, and a system call per page
+// is what made large guest reads slow.
+func (d *Device) ReadVecAt(bufs [][]byte, off int64) (int, error) {
+	var total int64
+	for _, b := range bufs {
+		total += int64(len(b))
+		if total != int64(int(total)) || total < 0 {
+			return 0, fmt.Errorf("%w: length overflows", ErrOutOfRange)
+		}
+	}
+	if err := d.check(off, int(total), false); err != nil {
+		return 0, err
+	}
+	src := iovec.NewCursor(bufs)
+	var done int64
+	for done < total {
+		pos := off + done
+		b := uint64(pos) >> d.shift
+		dirty := d.ov != nil && d.dirty(b)
+		end := int64(b+1) << d.shift
+		for end < off+total && (d.ov != nil && d.dirty(uint64(end)>>d.shift)) == dirty {
+			end += d.blockSize
+		}
+		n := min(end, off+total) - pos
+		var err error
+		if dirty {
+			err = d.readOverlayVec(&src, pos, n)
+		} else {
+			err = d.readBaseVec(&src, pos, n)
+		}
+		if err != nil {
+			return int(done), fmt.Errorf("overlay: read %d bytes at %d (dirty=%t): %w", n, pos, dirty, err)
+		}
+		done += n
+	}
+	return int(done), nil
+}
+
+func (d *Device) readOverlayVec(src *iovec.Cursor, pos, n int64) error {
+	iovp := d.iovs.Get().(*[]unix.Iovec)
+	full := src.Iovecs((*iovp)[:0], n)
+	iov := full
+	_, err := iovec.Preadv(int(d.ov.Fd()), &iov, pos)
+	clear(full) // drop the references to the caller's buffers
+	*iovp = full[:0]
+	d.iovs.Put(iovp)
+	return err
+}
+
+func (d *Device) readBaseVec(src *iovec.Cursor, pos, n int64) error {
+	vr, ok := d.base.(VectorReader)
+	if !ok {
+		for n > 0 {
+			b := src.Next(n)
+			if err := readFull(d.base, b, pos); err != nil {
+				return err
+			}
+			pos += int64(len(b))
+			n -= int64(len(b))
+		}
+		return nil
+	}
+	bp := d.pieces.Get().(*[][]byte)
+	pieces := (*bp)[:0]
+	for m := n; m > 0; {
+		b := src.Next(m)
+		pieces = append(pieces, b)
+		m -= int64(len(b))
+	}
+	got, err := vr.ReadVecAt(pieces, pos)
+	clear(pieces) // drop the references to the caller's buffers
+	*bp = pieces[:0]
+	d.pieces.Put(bp)
+	if err == nil && int64(got) != n {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
+}
+
 func readFull(r io.ReaderAt, p []byte, off int64) error {
 	n, err := r.ReadAt(p, off)
 	if n == len(p) {
@@ -470,7 +563,8 @@ func (d *Device) WriteAt(p []byte, off int64) (int, error) {
 		return 0, err
 	}
 	one := [1][]byte{p}
-	if err := d.apply(opWrite, &cursor{bufs: one[:]}, off, int64(len(p))); err != nil {
+	src := iovec.NewCursor(one[:])
+	if err := d.apply(opWrite, &src, off, int64(len(p))); err != nil {
 		return 0, err
 	}
 	return len(p), nil
@@ -491,55 +585,11 @@ func (d *Device) WriteVecAt(bufs [][]byte, off int64) (int, error) {
 	if err := d.check(off, int(n), true); err != nil {
 		return 0, err
 	}
-	if err := d.apply(opWrite, &cursor{bufs: bufs}, off, n); err != nil {
+	src := iovec.NewCursor(bufs)
+	if err := d.apply(opWrite, &src, off, n); err != nil {
 		return 0, err
 	}
 	return int(n), nil
-}
-
-// cursor walks the source buffers of a write; nil means zeros (discard, write-zeroes).
-type cursor struct {
-	bufs [][]byte
-	i    int // current buffer
-	at   int // bytes of bufs[i] already consumed
-}
-
-// copyOut fills dst with the next len(dst) bytes; the caller checked that they exist.
-func (c *cursor) copyOut(dst []byte) {
-	for len(dst) > 0 {
-		n := copy(dst, c.bufs[c.i][c.at:])
-		dst = dst[n:]
-		c.at += n
-		if c.at == len(c.bufs[c.i]) {
-			c.i, c.at = c.i+1, 0
-		}
-	}
-}
-
-// next returns the next piece of at most max (> 0) bytes, skipping empty
-// buffers; the caller checked that bytes remain.
-func (c *cursor) next(max int64) []byte {
-	for c.at == len(c.bufs[c.i]) {
-		c.i, c.at = c.i+1, 0
-	}
-	b := c.bufs[c.i][c.at:]
-	if int64(len(b)) > max {
-		b = b[:max]
-	}
-	c.at += len(b)
-	return b
-}
-
-// iovecs appends the next n bytes to iov as iovecs without copying.
-func (c *cursor) iovecs(iov []unix.Iovec, n int64) []unix.Iovec {
-	for n > 0 {
-		b := c.next(n)
-		v := unix.Iovec{Base: &b[0]}
-		v.SetLen(len(b))
-		iov = append(iov, v)
-		n -= int64(len(b))
-	}
-	return iov
 }
 
 // Discard deallocates a byte range: afterwards it reads as zeros (never the base).
@@ -569,7 +619,7 @@ func (d *Device) WriteZeroes(off, n int64, unmap bool) error {
 
 // apply splits [off, off+n) into a partial head block, a run of full blocks
 // and a partial tail block; src (nil unless o is opWrite) supplies the n bytes.
-func (d *Device) apply(o op, src *cursor, off, n int64) error {
+func (d *Device) apply(o op, src *iovec.Cursor, off, n int64) error {
 	if n == 0 {
 		return nil
 	}
@@ -606,14 +656,14 @@ func (d *Device) apply(o op, src *cursor, off, n int64) error {
 	return nil
 }
 
-func (d *Device) fullRun(o op, first, last uint64, off int64, src *cursor) error {
+func (d *Device) fullRun(o op, first, last uint64, off int64, src *iovec.Cursor) error {
 	n := (int64(last) << d.shift) + d.blockSpan(last) - off
 	var iovp *[]unix.Iovec
 	var iov []unix.Iovec
 	if o == opWrite {
 		// Whole blocks replace what is below, so nothing is read first.
 		iovp = d.iovs.Get().(*[]unix.Iovec)
-		iov = src.iovecs((*iovp)[:0], n)
+		iov = src.Iovecs((*iovp)[:0], n)
 		defer func() {
 			clear(iov) // drop the references to the caller's buffers
 			*iovp = iov[:0]
@@ -653,7 +703,7 @@ const directMin = 64 << 10
 // large and the buffers allow it, buffered otherwise.
 func (d *Device) writeRun(iov []unix.Iovec, off, n int64) error {
 	if n >= directMin && d.directOK(iov, off) {
-		w, err := pwritev(int(d.direct.Fd()), &iov, off)
+		w, err := iovec.Pwritev(int(d.direct.Fd()), &iov, off)
 		if err == nil {
 			d.directWrites.Add(1)
 			return nil
@@ -665,7 +715,7 @@ func (d *Device) writeRun(iov []unix.Iovec, off, n int64) error {
 		d.noDirect.Store(true)
 		off += w
 	}
-	_, err := pwritev(int(d.ov.Fd()), &iov, off)
+	_, err := iovec.Pwritev(int(d.ov.Fd()), &iov, off)
 	return err
 }
 
@@ -707,7 +757,7 @@ func (d *Device) openDirect(path string) {
 }
 
 // partial updates [at, at+m) of block b with the next m bytes of src; src nil means zeros.
-func (d *Device) partial(b uint64, at, m int64, src *cursor) error {
+func (d *Device) partial(b uint64, at, m int64, src *iovec.Cursor) error {
 	bp := d.scratch.Get().(*[]byte)
 	defer d.scratch.Put(bp)
 	span := d.blockSpan(b)
@@ -726,7 +776,7 @@ func (d *Device) partial(b uint64, at, m int64, src *cursor) error {
 		return fmt.Errorf("overlay: read block %d below a partial write: %w", b, err)
 	}
 	if src != nil {
-		src.copyOut(buf[at : at+m])
+		src.CopyOut(buf[at : at+m])
 	} else {
 		clear(buf[at : at+m])
 	}
@@ -764,54 +814,6 @@ func (d *Device) zeroRange(off, n int64, punch bool) error {
 		n -= m
 	}
 	return nil
-}
-
-// iovMax is the most iovecs one pwritev takes (IOV_MAX on Linux).
-const iovMax = 1024
-
-// pwritev writes all of *iovp at off, in chunks of iovMax, resuming after
-// short writes and EINTR; on return *iovp holds what was not written, and
-// done how much was.
-func pwritev(fd int, iovp *[]unix.Iovec, off int64) (done int64, err error) {
-	iov := *iovp
-	defer func() { *iovp = iov }()
-	for len(iov) > 0 {
-		chunk := iov[:min(len(iov), iovMax)]
-		// pwritev takes the offset as two longs, low then high (ignored by 64-bit kernels).
-		hi := uintptr(uint64(off) >> (bits.UintSize - 1) >> 1)
-		n, _, errno := unix.Syscall6(unix.SYS_PWRITEV, uintptr(fd), uintptr(unsafe.Pointer(&chunk[0])), uintptr(len(chunk)), uintptr(off), hi, 0)
-		if errno == unix.EINTR {
-			continue
-		}
-		if errno != 0 {
-			return done, fmt.Errorf("pwritev %d bytes at %d: %w", iovLen(chunk), off, errno)
-		}
-		if n == 0 {
-			return done, fmt.Errorf("pwritev at %d: %w", off, io.ErrShortWrite)
-		}
-		off += int64(n)
-		done += int64(n)
-		// Drop what was written; a short write may end inside an iovec.
-		for n > 0 {
-			if l := uintptr(iov[0].Len); n >= l {
-				n -= l
-				iov = iov[1:]
-				continue
-			}
-			iov[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(iov[0].Base), n))
-			iov[0].SetLen(int(uintptr(iov[0].Len) - n))
-			n = 0
-		}
-	}
-	return done, nil
-}
-
-func iovLen(iov []unix.Iovec) uint64 {
-	var n uint64
-	for _, v := range iov {
-		n += v.Len
-	}
-	return n
 }
 
 func fallocate(f *os.File, mode uint32, off, n int64) error {

@@ -35,6 +35,13 @@ type VectorWriter interface {
 	WriteVecAt(bufs [][]byte, off int64) (int, error)
 }
 
+// VectorReader is implemented by devices that fill a request's data
+// buffers in one call (*overlay.Device does); others get one ReadAt per buffer.
+type VectorReader interface {
+	// ReadVecAt fills bufs, in order, with the bytes at byte offset off.
+	ReadVecAt(bufs [][]byte, off int64) (int, error)
+}
+
 // virtio-blk request types and status values (virtio 1.2 section 5.2.6).
 const (
 	blkTypeIn          = 0
@@ -188,6 +195,24 @@ func (h *blkHandler) span(sector, n uint64) (int64, bool) {
 // readInto reads n bytes at off straight into the writable buffers (the
 // status byte excluded) and returns how many bytes reached the guest.
 func (h *blkHandler) readInto(bufs [][]byte, n uint32, off int64) (uint32, error) {
+	if vr, ok := h.dev.(VectorReader); ok {
+		// Trim the list to n bytes in place (the status byte was taken
+		// before): the chain's buffer list is rebuilt on every pop.
+		var k int
+		var have uint32
+		for k < len(bufs) && have < n {
+			if l := uint32(len(bufs[k])); l > n-have {
+				bufs[k] = bufs[k][:n-have]
+			}
+			have += uint32(len(bufs[k]))
+			k++
+		}
+		got, err := vr.ReadVecAt(bufs[:k], off)
+		if err != nil {
+			return 0, err
+		}
+		return uint32(got), nil
+	}
 	var done uint32
 	for _, b := range bufs {
 		if done == n {

@@ -214,6 +214,98 @@ func TestSegmentedWrites(t *testing.T) {
 	}
 }
 
+// plainDevice hides the overlay's vectored methods: the server then reads
+// and writes one guest buffer at a time, as it does for any BlockDevice.
+type plainDevice struct{ BlockDevice }
+
+// TestSegmentedReads reads into chains of many writable buffers, the
+// status byte in its own descriptor or at the end of the last data one,
+// through the vectored path and through the one-buffer-at-a-time path.
+func TestSegmentedReads(t *testing.T) {
+	for _, vectored := range []bool{true, false} {
+		for _, shareStatus := range []bool{false, true} {
+			t.Run(fmt.Sprintf("vectored=%t/shared-status=%t", vectored, shareStatus), func(t *testing.T) {
+				env := newEnv(t, 4<<20, false, Options{})
+				// Some dirty blocks, so a read crosses overlay and base runs.
+				for _, b := range []int64{2, 3, 9} {
+					p := randomBytes(uint64(b), 4096)
+					if _, err := env.dev.WriteAt(p, b*4096); err != nil {
+						t.Fatal(err)
+					}
+				}
+				want := make([]byte, 64<<10)
+				if _, err := env.dev.ReadAt(want, 0); err != nil {
+					t.Fatal(err)
+				}
+				if !vectored {
+					sock := filepath.Join(t.TempDir(), "vu", "plain.sock")
+					srv, err := Serve(context.Background(), sock, plainDevice{env.dev}, Options{Logf: t.Logf})
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { srv.Close() })
+					env = &testEnv{srv: srv, dev: env.dev, base: env.base, sock: sock}
+				}
+				_, q := env.connect(t, 0)
+				for i, sizes := range [][]int{
+					{4096, 4096, 4096, 4096},
+					{512, 3584, 1024, 7168, 512},
+					{4096, 0, 8192, 4096},
+					{16 << 10, 16 << 10, 16 << 10, 16 << 10},
+				} {
+					hdr := make([]byte, 16)
+					binary.LittleEndian.PutUint32(hdr[0:], blkTypeIn)
+					ha := q.alloc(16, 16)
+					q.drv.Write(ha, hdr)
+					bufs := []testdriver.Buf{{Addr: ha, Len: 16}}
+					var addrs []uint64
+					total := 0
+					for k, n := range sizes {
+						l := n
+						if shareStatus && k == len(sizes)-1 {
+							l++
+						}
+						if l == 0 {
+							continue
+						}
+						a := q.alloc(uint64(l), 8)
+						q.drv.Write(a, bytes.Repeat([]byte{0xEE}, l))
+						bufs = append(bufs, testdriver.Buf{Addr: a, Len: uint32(l), Write: true})
+						addrs = append(addrs, a)
+						total += n
+					}
+					sa := addrs[len(addrs)-1] + uint64(sizes[len(sizes)-1])
+					if !shareStatus {
+						sa = q.alloc(1, 1)
+						bufs = append(bufs, testdriver.Buf{Addr: sa, Len: 1, Write: true})
+					}
+					q.drv.Write(sa, []byte{0xFF})
+					head := q.publish(bufs)
+					q.kickIt()
+					if id, n := q.waitUsed(); id != uint32(head) || n != uint32(total+1) {
+						t.Fatalf("case %d: used id %d len %d, want head %d len %d", i, id, n, head, total+1)
+					}
+					if st := q.drv.Read(sa, 1)[0]; st != blkStatusOK {
+						t.Fatalf("case %d: status %d", i, st)
+					}
+					var got []byte
+					k := 0
+					for _, n := range sizes {
+						if n == 0 {
+							continue
+						}
+						got = append(got, q.drv.Read(addrs[k], n)...)
+						k++
+					}
+					if !bytes.Equal(got, want[:total]) {
+						t.Fatalf("case %d: data differs from the device's", i)
+					}
+				}
+			})
+		}
+	}
+}
+
 func TestMalformedRequests(t *testing.T) {
 	env := newEnv(t, 1<<20, false, Options{SegMax: 4, MaxRequestBytes: 64 << 10})
 	_, q := env.connect(t, 0)
