@@ -440,6 +440,16 @@ func (w *stallWatch) stop() {
 var scriptOrder = []string{"fio-seqread", "fio-seqwrite", "fio-randread", "fio-randwrite", "dbench",
 	"install", "chown", "stat", "find", "rg", "rm", "sqlite-insert", "sqlite-select"}
 
+// syncedName is the name of the "+ sync" result a writing workload reports
+// beside its own (the script's timed and synced_from).
+func syncedName(w string) (string, bool) {
+	switch w {
+	case "install", "chown", "rm":
+		return w + "-sync", true
+	}
+	return "", false
+}
+
 // unfinished lists, after a boot that hung, the selected workloads still to
 // run. The first unfinished one in script order is the one the guest hung
 // in: it is recorded as failed with why, so a retry does not hang on it
@@ -453,12 +463,19 @@ func (d *driver) unfinished(o *Output, only, why string) []string {
 		if len(o.Samples[w]) >= d.o.Reps || len(o.Failures[w]) > 0 {
 			continue
 		}
+		synced, split := syncedName(w)
 		if len(rest) == 0 && o.Failures[w] == nil && why != "" && !o.hungRecorded {
 			o.Failures[w] = append(o.Failures[w], fmt.Sprintf("rep %d: %s", len(o.Samples[w])+1, why))
+			if split {
+				o.Failures[synced] = append(o.Failures[synced], fmt.Sprintf("rep %d: %s", len(o.Samples[w])+1, why))
+			}
 			o.hungRecorded = true
 			continue
 		}
 		delete(o.Samples, w)
+		if split {
+			delete(o.Samples, synced)
+		}
 		rest = append(rest, w)
 	}
 	return rest

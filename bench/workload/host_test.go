@@ -19,7 +19,8 @@ import (
 // allWorkloads and units are what the script promises, in its order.
 var allWorkloads = []string{
 	"fio-seqread", "fio-seqwrite", "fio-randread", "fio-randwrite", "dbench",
-	"install", "chown", "stat", "find", "rg", "rm", "sqlite-insert", "sqlite-select",
+	"install", "install-sync", "chown", "chown-sync", "stat", "find", "rg", "rm", "rm-sync",
+	"sqlite-insert", "sqlite-select",
 }
 
 var units = map[string]string{
@@ -223,6 +224,12 @@ func TestRunOnHostAllWorkloads(t *testing.T) {
 			t.Errorf("%s: unit %q, want %q", w, r.units[w], want)
 		}
 	}
+	// A "+ sync" result is the same repetition timed to after its sync.
+	for _, w := range []string{"install", "chown", "rm"} {
+		if a, b := r.results[w], r.results[w+"-sync"]; len(a) == 1 && len(b) == 1 && b[0] < a[0] {
+			t.Errorf("%s-sync %v s is shorter than %s %v s", w, b[0], w, a[0])
+		}
+	}
 	for _, k := range []string{"fio_mode", "dbench_clients", "nm_entries", "page_cache_kib", "kernel"} {
 		if r.info[k] == "" {
 			t.Errorf("@@INFO %s missing", k)
@@ -253,7 +260,7 @@ func TestRunOnHostOnlySelected(t *testing.T) {
 	for _, w := range allWorkloads {
 		got := len(r.results[w]) + len(r.fails[w])
 		switch w {
-		case "find", "sqlite-select", "rm":
+		case "find", "sqlite-select", "rm", "rm-sync":
 			// Each must stand alone: rm and sqlite-select prepare what
 			// install and sqlite-insert would have left.
 			if len(r.results[w]) != 1 || len(r.fails[w]) != 0 {

@@ -14,7 +14,8 @@ echo "@@START ${EPOCHREALTIME//[!0-9]/}"
 # Repetitions count from 1; rep 0 in a @@FAIL is about the workload or the
 # run as a whole (an unknown name in BENCH_ONLY, a bad setting, a setup step).
 # Workloads: fio-seqread fio-seqwrite fio-randread fio-randwrite dbench
-# install chown stat find rg rm sqlite-insert sqlite-select.
+# install chown stat find rg rm sqlite-insert sqlite-select; install, chown
+# and rm also report install-sync, chown-sync and rm-sync (see timed).
 #
 # Settings (environment, defaults in brackets): BENCH_WORK [/bench/work]
 # work directory (must be absent or empty; removed at the end), BENCH_REPS [3],
@@ -132,21 +133,38 @@ drop_caches() {
 }
 
 # timed WORKLOAD REP CMD...: one repetition of a workload whose result is its
-# elapsed time. CMD sets $tool before each step so a failure names it.
+# elapsed time. CMD sets $tool before each step so a failure names it. A
+# writing CMD calls synced_from just before its final sync: WORKLOAD is then
+# the command's own time (what a user or the seeds' `time chown -R` sees)
+# and WORKLOAD-sync the time until the data reached the backend, both from
+# the same repetition.
 timed() {
 	local w=$1 r=$2 t0 rc
 	shift 2
 	drop_caches
 	tool=$1
+	t_sync=
 	now; t0=$REPLY
 	"$@" >/dev/null 2>"$err"
 	rc=$?
 	now
 	if [ $rc -ne 0 ]; then
 		fail "$w" "$r" "$tool exited $rc: $(lastline "$err")"
+		[ -n "$t_sync" ] && fail "$w-sync" "$r" "$tool exited $rc: $(lastline "$err")"
 		return 1
 	fi
+	if [ -n "$t_sync" ]; then
+		say "@@RESULT $w $r $(secs $((t_sync - t0))) s"
+		say "@@RESULT $w-sync $r $(secs $((REPLY - t0))) s"
+		return 0
+	fi
 	say "@@RESULT $w $r $(secs $((REPLY - t0))) s"
+}
+# synced_from marks the end of a writing command, before its sync.
+synced_from() {
+	now; t_sync=$REPLY
+	tool="sync"
+	sync
 }
 
 # --- fio -------------------------------------------------------------------
@@ -251,14 +269,12 @@ run_dbench() {
 ph_install() {
 	tool="tar"
 	tar -xf "$nmtar" -C "$1" || return
-	tool="sync"
-	sync
+	synced_from
 }
 ph_chown() {
 	tool="chown"
 	chown -R "$1:$1" "$nm/node_modules" || return
-	tool="sync"
-	sync
+	synced_from
 }
 # stat(1) without -L uses lstat (statx AT_SYMLINK_NOFOLLOW) on every entry
 # that find lists, as `ls -lR` or a package manager's tree walk would.
@@ -285,8 +301,7 @@ ph_rg() { # rg exits 1 when nothing matched: a result, not a failure
 ph_rm() {
 	tool="rm"
 	rm -rf "$1" || return
-	tool="sync"
-	sync
+	synced_from
 }
 
 # install.$r is also what rm removes; when rm runs without install, the tree

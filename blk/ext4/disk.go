@@ -93,23 +93,35 @@ func (d *Disk) readExtent(kind blockmap.Kind, loc blockmap.Location, ext blockma
 	if valid == 0 {
 		return nil
 	}
-	var r io.ReaderAt
-	if kind == blockmap.Meta {
-		r = d.img.meta
-	} else {
-		src, err := d.acquire(sourceKey{loc.Source, loc.Path})
-		if err != nil {
-			return err
-		}
-		defer d.release(src)
-		r = src.r
+	r, s, err := d.reader(kind, loc)
+	if err != nil {
+		return err
 	}
+	defer d.release(s)
 	n, err := r.ReadAt(buf[:valid], loc.Offset+rel)
 	if int64(n) == valid {
 		return nil
 	}
-	if err == nil || errors.Is(err, io.EOF) {
-		return fmt.Errorf("%w: %s at %d: got %d of %d bytes", ErrShortSource, loc.Path, loc.Offset+rel, n, valid)
+	return shortRead(loc, loc.Offset+rel, int64(n), valid, err)
+}
+
+// reader returns what holds an extent's bytes: the metadata file, or the
+// content source (acquired: hand s to release when done).
+func (d *Disk) reader(kind blockmap.Kind, loc blockmap.Location) (r io.ReaderAt, s *openSource, err error) {
+	if kind == blockmap.Meta {
+		return d.img.meta, nil, nil
+	}
+	s, err = d.acquire(sourceKey{loc.Source, loc.Path})
+	if err != nil {
+		return nil, nil, err
+	}
+	return s.r, s, nil
+}
+
+// shortRead explains a read of want bytes at off that returned got.
+func shortRead(loc blockmap.Location, off, got, want int64, err error) error {
+	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("%w: %s at %d: got %d of %d bytes", ErrShortSource, loc.Path, off, got, want)
 	}
 	return fmt.Errorf("ext4: read %s: %w", loc.Path, err)
 }
@@ -152,23 +164,13 @@ func (d *Disk) readExtentVec(kind blockmap.Kind, loc blockmap.Location, ext bloc
 		valid = max(0, min(n, int64(ext.Bytes)-rel))
 	}
 	if valid > 0 {
-		var r io.ReaderAt
-		if kind == blockmap.Meta {
-			r = d.img.meta
-		} else {
-			s, err := d.acquire(sourceKey{loc.Source, loc.Path})
-			if err != nil {
-				return err
-			}
-			defer d.release(s)
-			r = s.r
+		r, s, err := d.reader(kind, loc)
+		if err != nil {
+			return err
 		}
-		got, err := d.readVec(r, src, loc.Offset+rel, valid)
-		if got != valid {
-			if err == nil || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-				return fmt.Errorf("%w: %s at %d: got %d of %d bytes", ErrShortSource, loc.Path, loc.Offset+rel, got, valid)
-			}
-			return fmt.Errorf("ext4: read %s: %w", loc.Path, err)
+		defer d.release(s)
+		if got, err := d.readVec(r, src, loc.Offset+rel, valid); got != valid {
+			return shortRead(loc, loc.Offset+rel, got, valid, err)
 		}
 	}
 	src.Zero(n - valid)
@@ -240,6 +242,9 @@ func (d *Disk) acquire(k sourceKey) (*openSource, error) {
 }
 
 func (d *Disk) release(s *openSource) {
+	if s == nil {
+		return
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s.refs--

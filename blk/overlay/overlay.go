@@ -363,6 +363,18 @@ func (d *Device) check(off int64, n int, write bool) error {
 	return nil
 }
 
+// checkVec is check for the concatenation of bufs; it returns its length.
+func (d *Device) checkVec(bufs [][]byte, off int64, write bool) (int64, error) {
+	var n int64
+	for _, b := range bufs {
+		n += int64(len(b))
+		if n != int64(int(n)) || n < 0 {
+			return 0, fmt.Errorf("%w: length overflows", ErrOutOfRange)
+		}
+	}
+	return n, d.check(off, int(n), write)
+}
+
 // ReadAt reads len(p) bytes at off: dirty blocks from the overlay, the rest
 // from the base. It does not allocate.
 func (d *Device) ReadAt(p []byte, off int64) (int, error) {
@@ -407,14 +419,8 @@ type VectorReader interface {
 // read arrives as one buffer per guest page, and a system call per page
 // is what made large guest reads slow.
 func (d *Device) ReadVecAt(bufs [][]byte, off int64) (int, error) {
-	var total int64
-	for _, b := range bufs {
-		total += int64(len(b))
-		if total != int64(int(total)) || total < 0 {
-			return 0, fmt.Errorf("%w: length overflows", ErrOutOfRange)
-		}
-	}
-	if err := d.check(off, int(total), false); err != nil {
+	total, err := d.checkVec(bufs, off, false)
+	if err != nil {
 		return 0, err
 	}
 	src := iovec.NewCursor(bufs)
@@ -575,14 +581,8 @@ func (d *Device) WriteAt(p []byte, off int64) (int, error) {
 // arrives as one buffer per guest page, and a system call per page is
 // what made large guest writes slow.
 func (d *Device) WriteVecAt(bufs [][]byte, off int64) (int, error) {
-	var n int64
-	for _, b := range bufs {
-		n += int64(len(b))
-		if n != int64(int(n)) || n < 0 {
-			return 0, fmt.Errorf("%w: length overflows", ErrOutOfRange)
-		}
-	}
-	if err := d.check(off, int(n), true); err != nil {
+	n, err := d.checkVec(bufs, off, true)
+	if err != nil {
 		return 0, err
 	}
 	src := iovec.NewCursor(bufs)
