@@ -306,6 +306,64 @@ func TestSegmentedReads(t *testing.T) {
 	}
 }
 
+// slowFlush is a device whose Flush waits until release is closed.
+type slowFlush struct {
+	BlockDevice
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (d *slowFlush) Flush() error {
+	close(d.entered)
+	<-d.release
+	return d.BlockDevice.Flush()
+}
+
+// TestSlowRequestDoesNotHoldOthers checks that requests complete one by
+// one: a read submitted after a flush that is still running comes back
+// first, and the flush when it ends.
+func TestSlowRequestDoesNotHoldOthers(t *testing.T) {
+	env := newEnv(t, 1<<20, false, Options{})
+	dev := &slowFlush{BlockDevice: env.dev, entered: make(chan struct{}), release: make(chan struct{})}
+	sock := filepath.Join(t.TempDir(), "vu", "slow.sock")
+	srv, err := Serve(context.Background(), sock, dev, Options{Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			close(dev.release)
+		}
+		srv.Close()
+	})
+	env = &testEnv{srv: srv, dev: env.dev, base: env.base, sock: sock}
+	_, q := env.connect(t, 0)
+	flush := q.prepare(blkTypeFlush, 0, nil, 0)
+	q.kickIt()
+	select {
+	case <-dev.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("flush never reached the device")
+	}
+	read := q.prepare(blkTypeIn, 8, nil, 4096)
+	q.kickIt()
+	if id, _ := q.waitUsed(); id != uint32(read.head) {
+		t.Fatalf("first completion is head %d, want the read (%d) while the flush (%d) runs", id, read.head, flush.head)
+	}
+	if st, in := q.result(read); st != blkStatusOK || !bytes.Equal(in, env.base[8*512:8*512+4096]) {
+		t.Fatalf("read during the flush: status %d", st)
+	}
+	close(dev.release)
+	released = true
+	if id, _ := q.waitUsed(); id != uint32(flush.head) {
+		t.Fatalf("second completion is head %d, want the flush (%d)", id, flush.head)
+	}
+	if st, _ := q.result(flush); st != blkStatusOK {
+		t.Fatalf("flush status %d", st)
+	}
+}
+
 func TestMalformedRequests(t *testing.T) {
 	env := newEnv(t, 1<<20, false, Options{SegMax: 4, MaxRequestBytes: 64 << 10})
 	_, q := env.connect(t, 0)

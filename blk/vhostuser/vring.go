@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -199,160 +200,229 @@ func (r *vring) signal(errFd bool) {
 	}
 }
 
-// worker processes one started queue: wait for a kick, drain the available
-// ring, execute requests, publish used entries, interrupt when asked to.
+// worker processes one started queue. One goroutine, the owner, holds the
+// virtq.Queue: it pops requests and hands each to a goroutine of its own,
+// and publishes each used entry as soon as that request is done, while the
+// others are still running. A request that finishes wakes the owner
+// through an eventfd; the owner publishes everything finished since its
+// last look and then decides once whether to interrupt the driver. So the
+// guest can refill the queue while slow requests (large writes, a flush)
+// are in flight, as with QEMU's own block layer, instead of waiting for
+// the slowest request of a batch.
 type worker struct {
 	r      *vring
 	q      *virtq.Queue
 	kick   int
 	stopFd int // eventfd written by stop
+	doneFd int // eventfd written by a request that finished onto an empty list
 	done   chan struct{}
-	// chains hold a batch of popped requests; they keep their buffers'
-	// backing arrays from batch to batch.
-	chains [maxBatch]virtq.Chain
-	used   [maxBatch]uint32
+
+	// Owner only: request slots (their chains keep their buffers' backing
+	// arrays from request to request), the free ones, and how many run.
+	slots    [maxInflight]slot
+	free     []int
+	inflight int
+	pushed   bool // used entries published since the last notification check
+
+	mu       sync.Mutex
+	finished []int // slots whose request is done, not yet published
+	spare    []int // the other half of finished's double buffer
 }
 
-// maxBatch bounds how many requests of one queue run at the same time: the
-// driver keeps several in flight (fio's iodepth, readahead) and the device
-// may complete them in any order, so serving them one by one would
-// serialize what QEMU's own block layer runs concurrently.
-const maxBatch = 32
+type slot struct {
+	chain virtq.Chain
+	used  uint32
+}
+
+// maxInflight bounds how many requests of one queue run at the same time:
+// the driver keeps several in flight (fio's iodepth, readahead) and the
+// device may complete them in any order.
+const maxInflight = 32
 
 func startWorker(r *vring, q *virtq.Queue) (*worker, error) {
 	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		return nil, fmt.Errorf("queue %d: eventfd: %w", r.index, err)
 	}
-	w := &worker{r: r, q: q, kick: r.kickFd, stopFd: efd, done: make(chan struct{})}
+	dfd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		unix.Close(efd)
+		return nil, fmt.Errorf("queue %d: eventfd: %w", r.index, err)
+	}
+	w := &worker{r: r, q: q, kick: r.kickFd, stopFd: efd, doneFd: dfd, done: make(chan struct{}),
+		free: make([]int, 0, maxInflight), finished: make([]int, 0, maxInflight), spare: make([]int, 0, maxInflight)}
+	for i := maxInflight - 1; i >= 0; i-- {
+		w.free = append(w.free, i)
+	}
 	go w.run()
 	return w, nil
 }
 
-// stop ends the worker, waits for it (so no request is in flight) and
-// returns the next available index to resume from.
+// stop ends the worker, waits for it (so no request is in flight and every
+// finished one is published) and returns the next available index to
+// resume from.
 func (w *worker) stop() uint16 {
-	var one [8]byte
-	binary.LittleEndian.PutUint64(one[:], 1)
-	unix.Write(w.stopFd, one[:])
+	wake(w.stopFd)
 	<-w.done
 	unix.Close(w.stopFd)
+	unix.Close(w.doneFd)
 	return w.q.LastAvail()
+}
+
+func wake(fd int) {
+	var one [8]byte
+	binary.LittleEndian.PutUint64(one[:], 1)
+	unix.Write(fd, one[:])
 }
 
 func (w *worker) run() {
 	defer close(w.done)
-	if !w.process() {
-		return
+	fds := []unix.PollFd{
+		{Fd: int32(w.kick), Events: unix.POLLIN},
+		{Fd: int32(w.stopFd), Events: unix.POLLIN},
+		{Fd: int32(w.doneFd), Events: unix.POLLIN},
 	}
-	fds := []unix.PollFd{{Fd: int32(w.kick), Events: unix.POLLIN}, {Fd: int32(w.stopFd), Events: unix.POLLIN}}
 	var buf [8]byte
+	stopping := false // stop asked, the queue broke or the kick fd failed: pop no more
 	for {
-		fds[0].Revents, fds[1].Revents = 0, 0
-		_, err := unix.Poll(fds, -1)
-		if err != nil {
+		if !w.reap() && !stopping {
+			w.r.signal(true)
+			stopping = true
+		}
+		if !stopping && !w.fill() {
+			w.r.signal(true)
+			stopping = true
+		}
+		if w.pushed {
+			w.pushed = false
+			if w.q.NeedsNotification() {
+				w.r.signal(false)
+			}
+		}
+		if stopping && w.inflight == 0 {
+			return
+		}
+		if stopping {
+			fds[0].Fd = -1 // only completions matter now
+		}
+		fds[0].Revents, fds[1].Revents, fds[2].Revents = 0, 0, 0
+		if _, err := unix.Poll(fds, -1); err != nil {
 			if errors.Is(err, unix.EINTR) {
 				continue
 			}
 			w.r.sess.srv.opts.Logf("vhostuser: queue %d: poll: %v", w.r.index, err)
+			stopping = true
+			if w.inflight > 0 {
+				// Without poll, wait for the requests themselves.
+				w.drain()
+			}
 			return
 		}
 		if fds[1].Revents != 0 {
-			return
+			stopping = true
+		}
+		if fds[2].Revents&unix.POLLIN != 0 {
+			unix.Read(w.doneFd, buf[:])
 		}
 		if fds[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
 			w.r.sess.srv.opts.Logf("vhostuser: queue %d: kick fd failed (revents %#x)", w.r.index, fds[0].Revents)
-			return
-		}
-		if fds[0].Revents&unix.POLLIN != 0 {
+			stopping = true
+		} else if fds[0].Revents&unix.POLLIN != 0 {
 			unix.Read(w.kick, buf[:]) // reset the counter; a spurious wakeup is harmless
-		}
-		if !w.process() {
-			return
 		}
 	}
 }
 
-// process drains the queue until no work remains with notifications enabled;
-// false means the queue broke and the worker must stop. Requests popped
-// together run concurrently; their used entries are published once all of
-// them are done.
-func (w *worker) process() bool {
+// drain waits for every running request without poll and publishes it.
+func (w *worker) drain() {
+	for w.inflight > 0 {
+		var buf [8]byte
+		if _, err := unix.Read(w.doneFd, buf[:]); errors.Is(err, unix.EAGAIN) {
+			runtime.Gosched()
+		}
+		w.reap()
+	}
+	if w.pushed && w.q.NeedsNotification() {
+		w.r.signal(false)
+	}
+}
+
+// fill pops and starts requests while slots are free. With every slot busy
+// it leaves kicks disabled: the next completion brings the owner back here.
+// false means the queue broke.
+func (w *worker) fill() bool {
 	q := w.q
 	for {
 		q.DisableNotification()
-		for {
-			n, broken := w.popBatch()
-			if n > 0 {
-				w.runBatch(n)
-				for i := 0; i < n; i++ {
-					if err := q.PushUsed(w.chains[i].Head, w.used[i]); err != nil {
-						w.r.signal(true)
-						return false
-					}
-				}
-			}
-			if broken {
-				w.r.signal(true)
+		for len(w.free) > 0 {
+			i := w.free[len(w.free)-1]
+			s := &w.slots[i]
+			ok, err := q.Pop(&s.chain)
+			if errors.Is(err, virtq.ErrBroken) {
+				w.r.sess.srv.opts.Logf("vhostuser: queue %d stopped: %v", w.r.index, err)
 				return false
 			}
-			if n < maxBatch {
+			if !ok {
 				break
 			}
+			if err != nil {
+				// A chain the walker refused goes back unhandled.
+				w.r.sess.srv.opts.Logf("vhostuser: queue %d: %v", w.r.index, err)
+				if err := q.PushUsed(s.chain.Head, 0); err != nil {
+					return false
+				}
+				w.pushed = true
+				continue
+			}
+			w.free = w.free[:len(w.free)-1]
+			w.inflight++
+			go w.execute(i)
 		}
-		if q.NeedsNotification() {
-			w.r.signal(false)
-		}
-		if !q.EnableNotification() {
+		if len(w.free) == 0 {
 			return true
 		}
+		if !q.EnableNotification() {
+			return !q.Broken()
+		}
 	}
 }
 
-// popBatch pops up to maxBatch chains; a chain the walker refused gets used
-// length 0 and no handling. broken reports a queue that must stop (the
-// chains popped before it are still completed).
-func (w *worker) popBatch() (n int, broken bool) {
-	for n < maxBatch {
-		ok, err := w.q.Pop(&w.chains[n])
-		if errors.Is(err, virtq.ErrBroken) {
-			w.r.sess.srv.opts.Logf("vhostuser: queue %d stopped: %v", w.r.index, err)
-			return n, true
-		}
-		if !ok {
-			return n, false
-		}
-		w.used[n] = 0
-		if err != nil {
-			w.r.sess.srv.opts.Logf("vhostuser: queue %d: %v", w.r.index, err)
-			w.used[n] = noHandle
-		}
-		n++
+// execute runs one request; it is the only goroutine touching its slot
+// until it puts the slot on the finished list.
+func (w *worker) execute(i int) {
+	s := &w.slots[i]
+	s.used = w.r.sess.handlerBlk.handle(&s.chain)
+	w.mu.Lock()
+	first := len(w.finished) == 0
+	w.finished = append(w.finished, i)
+	w.mu.Unlock()
+	if first {
+		// Later finishers find the list non-empty: the owner is already
+		// woken and takes theirs with this one.
+		wake(w.doneFd)
 	}
-	return n, false
 }
 
-// noHandle marks a popped chain that must be returned unhandled.
-const noHandle = ^uint32(0)
-
-func (w *worker) runBatch(n int) {
-	h := w.r.sess.handlerBlk
-	run := func(i int) {
-		if w.used[i] == noHandle {
-			w.used[i] = 0
-			return
+// reap publishes the requests finished since the last call and frees their
+// slots; false means the queue broke (the slots are freed all the same).
+func (w *worker) reap() bool {
+	w.mu.Lock()
+	done := w.finished
+	w.finished = w.spare[:0]
+	w.mu.Unlock()
+	ok := true
+	for _, i := range done {
+		s := &w.slots[i]
+		if ok {
+			if err := w.q.PushUsed(s.chain.Head, s.used); err != nil {
+				ok = false
+			} else {
+				w.pushed = true
+			}
 		}
-		w.used[i] = h.handle(&w.chains[i])
+		w.free = append(w.free, i)
+		w.inflight--
 	}
-	if n == 1 {
-		run(0)
-		return
-	}
-	var wg sync.WaitGroup
-	for i := 1; i < n; i++ {
-		wg.Add(1)
-		go func() { defer wg.Done(); run(i) }()
-	}
-	run(0)
-	wg.Wait()
+	w.spare = done[:0]
+	return ok
 }
