@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -203,18 +202,22 @@ func (r *vring) signal(errFd bool) {
 // worker processes one started queue. One goroutine, the owner, holds the
 // virtq.Queue: it pops requests and hands each to a goroutine of its own,
 // and publishes each used entry as soon as that request is done, while the
-// others are still running. A request that finishes wakes the owner
-// through an eventfd; the owner publishes everything finished since its
-// last look and then decides once whether to interrupt the driver. So the
-// guest can refill the queue while slow requests (large writes, a flush)
-// are in flight, as with QEMU's own block layer, instead of waiting for
-// the slowest request of a batch.
+// others are still running. Finished requests come back on a channel; the
+// owner publishes everything finished since its last look and then decides
+// once whether to interrupt the driver. So the guest can refill the queue
+// while slow requests (large writes, a flush) are in flight, as with QEMU's
+// own block layer, instead of waiting for the slowest request of a batch.
+// A second goroutine waits on the kick eventfd and forwards kicks, so the
+// owner never sits in a system call and wakes as cheaply for a completion
+// as for a kick.
 type worker struct {
 	r      *vring
 	q      *virtq.Queue
 	kick   int
-	stopFd int // eventfd written by stop
-	doneFd int // eventfd written by a request that finished onto an empty list
+	stopFd int // eventfd written by stop, for the kick waiter
+	stop_  chan struct{}
+	kicks  chan kickEvent
+	doneCh chan int // slots whose request finished
 	done   chan struct{}
 
 	// Owner only: request slots (their chains keep their buffers' backing
@@ -223,16 +226,15 @@ type worker struct {
 	free     []int
 	inflight int
 	pushed   bool // used entries published since the last notification check
-
-	mu       sync.Mutex
-	finished []int // slots whose request is done, not yet published
-	spare    []int // the other half of finished's double buffer
 }
 
 type slot struct {
 	chain virtq.Chain
 	used  uint32
 }
+
+// kickEvent is a kick, or the end of kicks (the fd failed or the worker stops).
+type kickEvent struct{ err error }
 
 // maxInflight bounds how many requests of one queue run at the same time:
 // the driver keeps several in flight (fio's iodepth, readahead) and the
@@ -244,17 +246,21 @@ func startWorker(r *vring, q *virtq.Queue) (*worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("queue %d: eventfd: %w", r.index, err)
 	}
-	dfd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		unix.Close(efd)
-		return nil, fmt.Errorf("queue %d: eventfd: %w", r.index, err)
-	}
-	w := &worker{r: r, q: q, kick: r.kickFd, stopFd: efd, doneFd: dfd, done: make(chan struct{}),
-		free: make([]int, 0, maxInflight), finished: make([]int, 0, maxInflight), spare: make([]int, 0, maxInflight)}
+	w := &worker{r: r, q: q, kick: r.kickFd, stopFd: efd, stop_: make(chan struct{}),
+		kicks: make(chan kickEvent, 1), doneCh: make(chan int, maxInflight), done: make(chan struct{}),
+		free: make([]int, 0, maxInflight)}
 	for i := maxInflight - 1; i >= 0; i-- {
 		w.free = append(w.free, i)
 	}
-	go w.run()
+	waiterDone := make(chan struct{})
+	go w.waitKicks(waiterDone)
+	go func() {
+		w.run()
+		// The kick waiter must be gone before stop closes its fds.
+		wake(w.stopFd)
+		<-waiterDone
+		close(w.done)
+	}()
 	return w, nil
 }
 
@@ -262,10 +268,9 @@ func startWorker(r *vring, q *virtq.Queue) (*worker, error) {
 // finished one is published) and returns the next available index to
 // resume from.
 func (w *worker) stop() uint16 {
-	wake(w.stopFd)
+	close(w.stop_)
 	<-w.done
 	unix.Close(w.stopFd)
-	unix.Close(w.doneFd)
 	return w.q.LastAvail()
 }
 
@@ -275,19 +280,62 @@ func wake(fd int) {
 	unix.Write(fd, one[:])
 }
 
-func (w *worker) run() {
-	defer close(w.done)
-	fds := []unix.PollFd{
-		{Fd: int32(w.kick), Events: unix.POLLIN},
-		{Fd: int32(w.stopFd), Events: unix.POLLIN},
-		{Fd: int32(w.doneFd), Events: unix.POLLIN},
-	}
+// waitKicks forwards kicks to the owner until the kick fd fails or stopFd
+// is written; kicks that arrive while one is pending merge into it.
+func (w *worker) waitKicks(done chan struct{}) {
+	defer close(done)
+	fds := []unix.PollFd{{Fd: int32(w.kick), Events: unix.POLLIN}, {Fd: int32(w.stopFd), Events: unix.POLLIN}}
 	var buf [8]byte
-	stopping := false // stop asked, the queue broke or the kick fd failed: pop no more
 	for {
-		if !w.reap() && !stopping {
-			w.r.signal(true)
-			stopping = true
+		fds[0].Revents, fds[1].Revents = 0, 0
+		_, err := unix.Poll(fds, -1)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		var ev kickEvent
+		switch {
+		case fds[1].Revents != 0:
+			return
+		case err != nil:
+			ev.err = fmt.Errorf("poll: %w", err)
+		case fds[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0:
+			ev.err = fmt.Errorf("kick fd failed (revents %#x)", fds[0].Revents)
+		default:
+			unix.Read(w.kick, buf[:]) // reset the counter; a spurious wakeup is harmless
+		}
+		select {
+		case w.kicks <- ev:
+		default: // a kick is already pending
+			if ev.err != nil {
+				// The end of kicks must not be lost behind a pending kick.
+				select {
+				case w.kicks <- ev:
+				case <-w.stop_:
+				}
+			}
+		}
+		if ev.err != nil {
+			return
+		}
+	}
+}
+
+func (w *worker) run() {
+	stopping := false // stop asked, the queue broke or the kick fd failed: pop no more
+	// stopC is nil once stop was seen, so the select does not spin on the
+	// closed channel while the last requests drain.
+	stopC := (<-chan struct{})(w.stop_)
+	for {
+		for more := true; more; {
+			select {
+			case i := <-w.doneCh:
+				if !w.publish(i) && !stopping {
+					w.r.signal(true)
+					stopping = true
+				}
+			default:
+				more = false
+			}
 		}
 		if !stopping && !w.fill() {
 			w.r.signal(true)
@@ -302,48 +350,20 @@ func (w *worker) run() {
 		if stopping && w.inflight == 0 {
 			return
 		}
-		if stopping {
-			fds[0].Fd = -1 // only completions matter now
-		}
-		fds[0].Revents, fds[1].Revents, fds[2].Revents = 0, 0, 0
-		if _, err := unix.Poll(fds, -1); err != nil {
-			if errors.Is(err, unix.EINTR) {
-				continue
+		select {
+		case i := <-w.doneCh:
+			if !w.publish(i) && !stopping {
+				w.r.signal(true)
+				stopping = true
 			}
-			w.r.sess.srv.opts.Logf("vhostuser: queue %d: poll: %v", w.r.index, err)
-			stopping = true
-			if w.inflight > 0 {
-				// Without poll, wait for the requests themselves.
-				w.drain()
+		case ev := <-w.kicks:
+			if ev.err != nil {
+				w.r.sess.srv.opts.Logf("vhostuser: queue %d: %v", w.r.index, ev.err)
+				stopping = true
 			}
-			return
+		case <-stopC:
+			stopping, stopC = true, nil
 		}
-		if fds[1].Revents != 0 {
-			stopping = true
-		}
-		if fds[2].Revents&unix.POLLIN != 0 {
-			unix.Read(w.doneFd, buf[:])
-		}
-		if fds[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
-			w.r.sess.srv.opts.Logf("vhostuser: queue %d: kick fd failed (revents %#x)", w.r.index, fds[0].Revents)
-			stopping = true
-		} else if fds[0].Revents&unix.POLLIN != 0 {
-			unix.Read(w.kick, buf[:]) // reset the counter; a spurious wakeup is harmless
-		}
-	}
-}
-
-// drain waits for every running request without poll and publishes it.
-func (w *worker) drain() {
-	for w.inflight > 0 {
-		var buf [8]byte
-		if _, err := unix.Read(w.doneFd, buf[:]); errors.Is(err, unix.EAGAIN) {
-			runtime.Gosched()
-		}
-		w.reap()
-	}
-	if w.pushed && w.q.NeedsNotification() {
-		w.r.signal(false)
 	}
 }
 
@@ -388,41 +408,25 @@ func (w *worker) fill() bool {
 }
 
 // execute runs one request; it is the only goroutine touching its slot
-// until it puts the slot on the finished list.
+// until it hands the slot back on doneCh (which has room for every slot).
 func (w *worker) execute(i int) {
 	s := &w.slots[i]
 	s.used = w.r.sess.handlerBlk.handle(&s.chain)
-	w.mu.Lock()
-	first := len(w.finished) == 0
-	w.finished = append(w.finished, i)
-	w.mu.Unlock()
-	if first {
-		// Later finishers find the list non-empty: the owner is already
-		// woken and takes theirs with this one.
-		wake(w.doneFd)
-	}
+	w.doneCh <- i
 }
 
-// reap publishes the requests finished since the last call and frees their
-// slots; false means the queue broke (the slots are freed all the same).
-func (w *worker) reap() bool {
-	w.mu.Lock()
-	done := w.finished
-	w.finished = w.spare[:0]
-	w.mu.Unlock()
-	ok := true
-	for _, i := range done {
-		s := &w.slots[i]
-		if ok {
-			if err := w.q.PushUsed(s.chain.Head, s.used); err != nil {
-				ok = false
-			} else {
-				w.pushed = true
-			}
-		}
-		w.free = append(w.free, i)
-		w.inflight--
+// publish puts a finished request in the used ring and frees its slot;
+// false means the queue broke (the slot is freed all the same).
+func (w *worker) publish(i int) bool {
+	s := &w.slots[i]
+	w.free = append(w.free, i)
+	w.inflight--
+	if w.q.Broken() {
+		return false
 	}
-	w.spare = done[:0]
-	return ok
+	if err := w.q.PushUsed(s.chain.Head, s.used); err != nil {
+		return false
+	}
+	w.pushed = true
+	return true
 }
