@@ -214,8 +214,8 @@ type worker struct {
 	r      *vring
 	q      *virtq.Queue
 	kick   int
-	stopFd int // eventfd written by stop, for the kick waiter
-	stop_  chan struct{}
+	stopFd int           // eventfd written when the owner is done, to end the kick waiter
+	quit   chan struct{} // closed by stop
 	kicks  chan kickEvent
 	doneCh chan int // slots whose request finished
 	done   chan struct{}
@@ -246,7 +246,7 @@ func startWorker(r *vring, q *virtq.Queue) (*worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("queue %d: eventfd: %w", r.index, err)
 	}
-	w := &worker{r: r, q: q, kick: r.kickFd, stopFd: efd, stop_: make(chan struct{}),
+	w := &worker{r: r, q: q, kick: r.kickFd, stopFd: efd, quit: make(chan struct{}),
 		kicks: make(chan kickEvent, 1), doneCh: make(chan int, maxInflight), done: make(chan struct{}),
 		free: make([]int, 0, maxInflight)}
 	for i := maxInflight - 1; i >= 0; i-- {
@@ -268,7 +268,7 @@ func startWorker(r *vring, q *virtq.Queue) (*worker, error) {
 // finished one is published) and returns the next available index to
 // resume from.
 func (w *worker) stop() uint16 {
-	close(w.stop_)
+	close(w.quit)
 	<-w.done
 	unix.Close(w.stopFd)
 	return w.q.LastAvail()
@@ -310,7 +310,7 @@ func (w *worker) waitKicks(done chan struct{}) {
 				// The end of kicks must not be lost behind a pending kick.
 				select {
 				case w.kicks <- ev:
-				case <-w.stop_:
+				case <-w.quit:
 				}
 			}
 		}
@@ -324,7 +324,7 @@ func (w *worker) run() {
 	stopping := false // stop asked, the queue broke or the kick fd failed: pop no more
 	// stopC is nil once stop was seen, so the select does not spin on the
 	// closed channel while the last requests drain.
-	stopC := (<-chan struct{})(w.stop_)
+	stopC := (<-chan struct{})(w.quit)
 	for {
 		for more := true; more; {
 			select {
