@@ -61,48 +61,8 @@ func (d *Disk) Size() int64 { return d.size }
 
 // ReadAt reads the disk's bytes at off.
 func (d *Disk) ReadAt(p []byte, off int64) (int, error) {
-	if off < 0 {
-		return 0, fmt.Errorf("ext4: negative offset %d", off)
-	}
-	bs := int64(d.img.Map.BlockSize())
-	done := 0
-	for done < len(p) {
-		pos := off + int64(done)
-		if pos >= d.size {
-			return done, io.EOF
-		}
-		kind, loc, ext := d.img.Map.Lookup(uint64(pos / bs))
-		start := int64(ext.First) * bs
-		n := min(int64(len(p)-done), int64(ext.First+ext.Count)*bs-pos)
-		buf := p[done : done+int(n)]
-		if err := d.readExtent(kind, loc, ext, pos-start, buf); err != nil {
-			return done, err
-		}
-		done += int(n)
-	}
-	return done, nil
-}
-
-// readExtent fills buf with the bytes at rel within extent ext.
-func (d *Disk) readExtent(kind blockmap.Kind, loc blockmap.Location, ext blockmap.Extent, rel int64, buf []byte) error {
-	valid := int64(0)
-	if kind == blockmap.Meta || kind == blockmap.Data {
-		valid = max(0, min(int64(len(buf)), int64(ext.Bytes)-rel))
-	}
-	clear(buf[valid:])
-	if valid == 0 {
-		return nil
-	}
-	r, s, err := d.reader(kind, loc)
-	if err != nil {
-		return err
-	}
-	defer d.release(s)
-	n, err := r.ReadAt(buf[:valid], loc.Offset+rel)
-	if int64(n) == valid {
-		return nil
-	}
-	return shortRead(loc, loc.Offset+rel, int64(n), valid, err)
+	one := [1][]byte{p}
+	return d.ReadVecAt(one[:], off)
 }
 
 // reader returns what holds an extent's bytes: the metadata file, or the

@@ -378,32 +378,8 @@ func (d *Device) checkVec(bufs [][]byte, off int64, write bool) (int64, error) {
 // ReadAt reads len(p) bytes at off: dirty blocks from the overlay, the rest
 // from the base. It does not allocate.
 func (d *Device) ReadAt(p []byte, off int64) (int, error) {
-	if err := d.check(off, len(p), false); err != nil {
-		return 0, err
-	}
-	done := 0
-	for done < len(p) {
-		pos := off + int64(done)
-		b := uint64(pos) >> d.shift
-		dirty := d.ov != nil && d.dirty(b)
-		// Extend the run over following blocks of the same kind.
-		end := int64(b+1) << d.shift
-		for end < off+int64(len(p)) && (d.ov != nil && d.dirty(uint64(end)>>d.shift)) == dirty {
-			end += d.blockSize
-		}
-		n := int(min(end, off+int64(len(p))) - pos)
-		var err error
-		if dirty {
-			err = readFull(d.ov, p[done:done+n], pos)
-		} else {
-			err = readFull(d.base, p[done:done+n], pos)
-		}
-		if err != nil {
-			return done, fmt.Errorf("overlay: read %d bytes at %d (dirty=%t): %w", n, pos, dirty, err)
-		}
-		done += n
-	}
-	return done, nil
+	one := [1][]byte{p}
+	return d.ReadVecAt(one[:], off)
 }
 
 // VectorReader is a reader that fills scattered buffers in one call; a
