@@ -329,17 +329,18 @@ func (w *worker) run() {
 		for more := true; more; {
 			select {
 			case i := <-w.doneCh:
-				if !w.publish(i) && !stopping {
-					w.r.signal(true)
-					stopping = true
-				}
+				w.publish(i)
 			default:
 				more = false
 			}
 		}
-		if !stopping && !w.fill() {
-			w.r.signal(true)
-			stopping = true
+		if !stopping {
+			w.fill()
+			if w.q.Broken() {
+				// Every failure of Pop and PushUsed breaks the queue: say so once.
+				w.r.signal(true)
+				stopping = true
+			}
 		}
 		if w.pushed {
 			w.pushed = false
@@ -352,10 +353,7 @@ func (w *worker) run() {
 		}
 		select {
 		case i := <-w.doneCh:
-			if !w.publish(i) && !stopping {
-				w.r.signal(true)
-				stopping = true
-			}
+			w.publish(i)
 		case ev := <-w.kicks:
 			if ev.err != nil {
 				w.r.sess.srv.opts.Logf("vhostuser: queue %d: %v", w.r.index, ev.err)
@@ -369,8 +367,8 @@ func (w *worker) run() {
 
 // fill pops and starts requests while slots are free. With every slot busy
 // it leaves kicks disabled: the next completion brings the owner back here.
-// false means the queue broke.
-func (w *worker) fill() bool {
+// It stops early when the queue breaks (q.Broken).
+func (w *worker) fill() {
 	q := w.q
 	for {
 		q.DisableNotification()
@@ -380,7 +378,7 @@ func (w *worker) fill() bool {
 			ok, err := q.Pop(&s.chain)
 			if errors.Is(err, virtq.ErrBroken) {
 				w.r.sess.srv.opts.Logf("vhostuser: queue %d stopped: %v", w.r.index, err)
-				return false
+				return
 			}
 			if !ok {
 				break
@@ -388,8 +386,8 @@ func (w *worker) fill() bool {
 			if err != nil {
 				// A chain the walker refused goes back unhandled.
 				w.r.sess.srv.opts.Logf("vhostuser: queue %d: %v", w.r.index, err)
-				if err := q.PushUsed(s.chain.Head, 0); err != nil {
-					return false
+				if q.PushUsed(s.chain.Head, 0) != nil {
+					return
 				}
 				w.pushed = true
 				continue
@@ -398,11 +396,8 @@ func (w *worker) fill() bool {
 			w.inflight++
 			go w.execute(i)
 		}
-		if len(w.free) == 0 {
-			return true
-		}
-		if !q.EnableNotification() {
-			return !q.Broken()
+		if len(w.free) == 0 || !q.EnableNotification() {
+			return
 		}
 	}
 }
@@ -415,18 +410,12 @@ func (w *worker) execute(i int) {
 	w.doneCh <- i
 }
 
-// publish puts a finished request in the used ring and frees its slot;
-// false means the queue broke (the slot is freed all the same).
-func (w *worker) publish(i int) bool {
-	s := &w.slots[i]
+// publish puts a finished request in the used ring and frees its slot; on
+// a broken queue the entry is dropped (the slot is freed all the same).
+func (w *worker) publish(i int) {
 	w.free = append(w.free, i)
 	w.inflight--
-	if w.q.Broken() {
-		return false
+	if w.q.PushUsed(w.slots[i].chain.Head, w.slots[i].used) == nil {
+		w.pushed = true
 	}
-	if err := w.q.PushUsed(s.chain.Head, s.used); err != nil {
-		return false
-	}
-	w.pushed = true
-	return true
 }
