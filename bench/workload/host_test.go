@@ -256,15 +256,17 @@ func TestRunOnHostAllWorkloads(t *testing.T) {
 }
 
 func TestRunOnHostOnlySelected(t *testing.T) {
-	r := runHostOK(t, append([]string{"BENCH_ONLY=find,sqlite-select,rm"}, smallEnv...))
+	// Two repetitions: rm's untimed tree and sqlite-select's table must be
+	// there again in the second.
+	r := runHostOK(t, append(append([]string{"BENCH_ONLY=find,sqlite-select,rm"}, smallEnv...), "BENCH_REPS=2"))
 	for _, w := range allWorkloads {
 		got := len(r.results[w]) + len(r.fails[w])
 		switch w {
 		case "find", "sqlite-select", "rm", "rm-sync":
 			// Each must stand alone: rm and sqlite-select prepare what
 			// install and sqlite-insert would have left.
-			if len(r.results[w]) != 1 || len(r.fails[w]) != 0 {
-				t.Errorf("%s: results %v fails %v, want one result", w, r.results[w], r.fails[w])
+			if len(r.results[w]) != 2 || len(r.fails[w]) != 0 {
+				t.Errorf("%s: results %v fails %v, want two results", w, r.results[w], r.fails[w])
 			}
 		default:
 			if got != 0 {
@@ -306,6 +308,109 @@ func TestRunOnHostBadSettingStopsCleanly(t *testing.T) {
 	}
 	if len(r.results) != 0 {
 		t.Errorf("workloads ran with a bad setting: %v", r.results)
+	}
+}
+
+// resultReps lists the repetition of every @@RESULT line, in output order,
+// with its workload.
+func resultReps(t *testing.T, r run) (reps []int, names []string) {
+	t.Helper()
+	for _, l := range r.lines {
+		if l.kind != "RESULT" {
+			continue
+		}
+		n, err := strconv.Atoi(l.fields[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		reps, names = append(reps, n), append(names, l.fields[0])
+	}
+	return reps, names
+}
+
+func TestRunOnHostRepetitionMajor(t *testing.T) {
+	// A budget far above the run's length must not stop it.
+	r := runHostOK(t, append(append([]string{}, smallEnv...), "BENCH_REPS=2", "BENCH_BUDGET_SECS=3600"))
+	for _, w := range allWorkloads {
+		if len(r.fails[w]) > 0 || len(r.results[w]) != 2 {
+			t.Errorf("%s: results %v fails %v, want two results", w, r.results[w], r.fails[w])
+		}
+	}
+	reps, names := resultReps(t, r)
+	// Repetition 1 of every workload, in script order, then repetition 2 in
+	// the same order.
+	want := append(append([]string{}, allWorkloads...), allWorkloads...)
+	if strings.Join(names, " ") != strings.Join(want, " ") {
+		t.Errorf("results in the order\n%v\nwant\n%v", names, want)
+	}
+	for i, n := range reps {
+		if want := 1 + i/len(allWorkloads); n != want {
+			t.Errorf("result %d (%s) is rep %d, want rep %d: %v", i, names[i], n, want, reps)
+			break
+		}
+	}
+	if r.info["reps_done"] != "2" {
+		t.Errorf("reps_done = %q, want 2", r.info["reps_done"])
+	}
+	if f := strings.Fields(r.info["rep_seconds"]); len(f) != 2 {
+		t.Errorf("rep_seconds = %q, want the two repetitions' durations", r.info["rep_seconds"])
+	}
+	if v, ok := r.info["budget_stop"]; ok {
+		t.Errorf("budget_stop %q with a budget of an hour", v)
+	}
+}
+
+func TestRunOnHostBudgetStopsAfterFirstRep(t *testing.T) {
+	// dbench alone runs 2 s: far over a 1 s budget, which must still let
+	// repetition 1 run in full and then stop.
+	env := append(append([]string{}, smallEnv...), "BENCH_REPS=3", "BENCH_ONLY=dbench,find,sqlite-select", "BENCH_BUDGET_SECS=1")
+	r := runHostOK(t, env)
+	for _, w := range []string{"dbench", "find", "sqlite-select"} {
+		if len(r.results[w]) != 1 || len(r.fails[w]) != 0 {
+			t.Errorf("%s: results %v fails %v, want exactly repetition 1", w, r.results[w], r.fails[w])
+		}
+	}
+	if r.info["reps_done"] != "1" {
+		t.Errorf("reps_done = %q, want 1", r.info["reps_done"])
+	}
+	if msg := r.info["budget_stop"]; !strings.Contains(msg, "after repetition 1 of 3") || !strings.Contains(msg, "BENCH_BUDGET_SECS=1") {
+		t.Errorf("budget_stop = %q, want it to say it stopped after repetition 1 of 3 for BENCH_BUDGET_SECS=1", msg)
+	}
+}
+
+func TestRunOnHostNoBudgetRunsAllReps(t *testing.T) {
+	for _, budget := range []string{"BENCH_BUDGET_SECS=0", "BENCH_BUDGET_SECS="} {
+		t.Run(budget, func(t *testing.T) {
+			env := append(append([]string{}, smallEnv...), "BENCH_REPS=3", "BENCH_ONLY=dbench,find", budget)
+			r := runHostOK(t, env)
+			for _, w := range []string{"dbench", "find"} {
+				if len(r.results[w]) != 3 {
+					t.Errorf("%s: results %v fails %v, want all 3 repetitions", w, r.results[w], r.fails[w])
+				}
+			}
+			if r.info["reps_done"] != "3" || r.info["budget_stop"] != "" {
+				t.Errorf("reps_done %q, budget_stop %q: want 3 and none", r.info["reps_done"], r.info["budget_stop"])
+			}
+		})
+	}
+}
+
+func TestRunOnHostBadBudget(t *testing.T) {
+	for _, v := range []string{"-1", "1.5", "10s", "01"} {
+		t.Run(v, func(t *testing.T) {
+			stdout, stderr, err := runHost(t, context.Background(), []string{"BENCH_BUDGET_SECS=" + v})
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+				t.Fatalf("RunOnHost with BENCH_BUDGET_SECS=%s: %v, want exit status 2\nstderr:\n%s", v, err, stderr)
+			}
+			r := parse(t, stdout)
+			if msgs := r.fails["config"]; len(msgs) != 1 || !strings.Contains(msgs[0], "BENCH_BUDGET_SECS="+v) {
+				t.Errorf("config @@FAIL %v, want one naming BENCH_BUDGET_SECS=%s", msgs, v)
+			}
+			if len(r.results) != 0 {
+				t.Errorf("workloads ran with a bad budget: %v", r.results)
+			}
+		})
 	}
 }
 

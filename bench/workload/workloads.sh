@@ -1,5 +1,6 @@
 #!/bin/bash
-echo "@@START ${EPOCHREALTIME//[!0-9]/}"
+t_script=${EPOCHREALTIME//[!0-9]/}
+echo "@@START $t_script"
 # kata-fsx bench workload script: runs the same filesystem workloads as the
 # container process of a pod VM (one row per backend) and on the host (the
 # reference row), and reports them as a line protocol on stdout. Nothing
@@ -13,23 +14,37 @@ echo "@@START ${EPOCHREALTIME//[!0-9]/}"
 #
 # Repetitions count from 1; rep 0 in a @@FAIL is about the workload or the
 # run as a whole (an unknown name in BENCH_ONLY, a bad setting, a setup step).
-# Workloads: fio-seqread fio-seqwrite fio-randread fio-randwrite dbench
-# install chown stat find rg rm sqlite-insert sqlite-select; install, chown
-# and rm also report install-sync, chown-sync and rm-sync (see timed).
+# Workloads, in the order each repetition runs them: fio-seqread fio-seqwrite
+# fio-randread fio-randwrite dbench install chown stat find rg rm
+# sqlite-insert sqlite-select; install, chown and rm also report
+# install-sync, chown-sync and rm-sync (see timed). The loop is
+# repetition-major: repetition r runs every wanted workload once before r+1
+# starts.
 #
 # Settings (environment, defaults in brackets): BENCH_WORK [/bench/work]
 # work directory (must be absent or empty; removed at the end), BENCH_REPS [3],
 # BENCH_FIO_MB [128] fio file size, BENCH_FIO_SECS [4] runtime of each fio
 # job, BENCH_DBENCH_SECS [8], BENCH_DBENCH_CLIENTS [nproc] (handed to dbench
 # as is), BENCH_ONLY [all] comma-separated workload names, BENCH_SQLITE_ROWS
-# [20000].
+# [20000], BENCH_BUDGET_SECS [0 = none] time budget of the run in seconds.
 #
-# Every repetition starts from `sync; echo 3 > /proc/sys/vm/drop_caches` so
+# The budget: repetition 1 always runs in full; before each later one the
+# script stops if the time since its start plus its longest repetition so far
+# exceeds BENCH_BUDGET_SECS, and says so. Without a budget it runs
+# BENCH_REPS repetitions. The run's INFO keys about repetitions:
+#   @@INFO reps_done <r>                   after repetition r completed
+#   @@INFO rep_seconds <s1> <s2> ...       wall time of each completed one
+#   @@INFO budget_stop <message>           the budget ended the run early
+#   @@INFO page_cache_kib <n>              guest page cache after repetition
+#                                          1's read workloads (stat find rg)
+#
+# Every measurement starts from `sync; echo 3 > /proc/sys/vm/drop_caches` so
 # it measures the filesystem, not the page cache left by the one before, and
 # is timed here with EPOCHREALTIME (no fork) rather than by the caller, so the
 # numbers do not include VM or agent overheads. Phases that write end with a
 # sync inside the timed part: data still in the guest's page cache has not
-# reached the backend yet.
+# reached the backend yet. The fio file is laid out once, on first use, and
+# removed at the end; install.<r> is the tree repetition r's rm removes.
 
 exec 3>&1 1>&2 # protocol on fd 3; anything a tool prints by mistake goes to stderr
 
@@ -60,6 +75,7 @@ lastline() { # last non-empty line of a file
 }
 
 posint() { [[ $2 =~ ^[1-9][0-9]{0,8}$ ]] || { fail config 0 "$1=$2 is not a positive integer"; return 1; }; }
+nonneg() { [[ $2 =~ ^(0|[1-9][0-9]{0,8})$ ]] || { fail config 0 "$1=$2 is not a non-negative integer"; return 1; }; }
 BENCH_WORK=${BENCH_WORK:-/bench/work}
 BENCH_REPS=${BENCH_REPS:-3}
 BENCH_FIO_MB=${BENCH_FIO_MB:-128}
@@ -67,12 +83,14 @@ BENCH_FIO_SECS=${BENCH_FIO_SECS:-4}
 BENCH_DBENCH_SECS=${BENCH_DBENCH_SECS:-8}
 BENCH_SQLITE_ROWS=${BENCH_SQLITE_ROWS:-20000}
 BENCH_ONLY=${BENCH_ONLY:-}
+BENCH_BUDGET_SECS=${BENCH_BUDGET_SECS:-0}
 ok=1
 posint BENCH_REPS "$BENCH_REPS" || ok=
 posint BENCH_FIO_MB "$BENCH_FIO_MB" || ok=
 posint BENCH_FIO_SECS "$BENCH_FIO_SECS" || ok=
 posint BENCH_DBENCH_SECS "$BENCH_DBENCH_SECS" || ok=
 posint BENCH_SQLITE_ROWS "$BENCH_SQLITE_ROWS" || ok=
+nonneg BENCH_BUDGET_SECS "$BENCH_BUDGET_SECS" || ok=
 [[ $BENCH_WORK == /* && $BENCH_WORK != / ]] || { fail config 0 "BENCH_WORK=$BENCH_WORK is not an absolute directory below /"; ok=; }
 if [ -z "$ok" ]; then say "@@DONE"; exit 2; fi
 if [ -z "${BENCH_DBENCH_CLIENTS:-}" ]; then
@@ -347,87 +365,96 @@ ph_sqlite_select() {
 }
 
 # --- the run -----------------------------------------------------------------
-for ((r = 1; r <= BENCH_REPS; r++)); do
-	want fio-seqread && run_fio fio-seqread $r read 128k read bw_bytes MB/s
-done
-for ((r = 1; r <= BENCH_REPS; r++)); do
-	want fio-seqwrite && run_fio fio-seqwrite $r write 128k write bw_bytes MB/s --end_fsync=1
-done
-for ((r = 1; r <= BENCH_REPS; r++)); do
-	want fio-randread && run_fio fio-randread $r randread 4k read iops IOPS
-done
-for ((r = 1; r <= BENCH_REPS; r++)); do
-	want fio-randwrite && run_fio fio-randwrite $r randwrite 4k write iops IOPS --end_fsync=1
-done
-rm -f "$fiofile"
-
-for ((r = 1; r <= BENCH_REPS; r++)); do
-	want dbench && run_dbench $r
-done
-rm -rf "$W/dbench"
-
-if want install; then
-	for ((r = 1; r <= BENCH_REPS; r++)); do
-		rm -rf "$W/install.$r"
-		mkdir -p "$W/install.$r"
-		timed install $r ph_install "$W/install.$r"
-	done
-fi
-
-if want chown; then
-	# Each repetition really changes every owner: it flips between uid 1000
-	# and root, starting from whatever the tree has, and the tree gets its
-	# first owner back afterwards (untimed).
-	first=$(stat -c %u "$nm/node_modules" 2>/dev/null)
-	uid=$first
-	for ((r = 1; r <= BENCH_REPS; r++)); do
-		if [ "$uid" = 1000 ]; then uid=0; else uid=1000; fi
-		timed chown $r ph_chown "$uid"
-	done
-	if [ -n "$first" ] && [ "$uid" != "$first" ]; then
-		chown -R "$first:$first" "$nm/node_modules" 2>/dev/null
-	fi
-fi
-
-read_ran=
-for w in stat find rg; do
-	want $w || continue
-	read_ran=1
-	for ((r = 1; r <= BENCH_REPS; r++)); do timed $w $r ph_$w; done
-done
-if [ -n "$read_ran" ]; then
-	# What the read workloads left in the page cache (DAX and cache=always
-	# trade guest page cache for host page cache); read before the next drop.
-	say "@@INFO page_cache_kib $(awk '$1 == "Cached:" { print $2 }' /proc/meminfo)"
-fi
-
-if want rm; then
-	for ((r = 1; r <= BENCH_REPS; r++)); do
-		install_dir $r && timed rm $r ph_rm "$W/install.$r"
-	done
-fi
-rm -rf "$W"/install.*
-
+# Repetition-major: repetition r runs every wanted workload once, in the order
+# of $all, before r+1 starts, so a run cut short (the time budget, a timeout)
+# still has whole repetitions of every workload.
 if want sqlite-insert || want sqlite-select; then
 	sqlite_insert_sql >"$meta/insert.sql"
 	sqlite_select_sql >"$meta/select.sql"
 fi
-if want sqlite-insert; then
-	for ((r = 1; r <= BENCH_REPS; r++)); do
-		rm -f "$db" "$db-journal"
-		timed sqlite-insert $r ph_sqlite "$meta/insert.sql"
+# Each chown repetition really changes every owner: it flips between uid
+# 1000 and root, starting from whatever the tree has, and the tree gets its
+# first owner back at the end (untimed).
+chown_first=
+want chown && chown_first=$(stat -c %u "$nm/node_modules" 2>/dev/null)
+chown_uid=$chown_first
+
+run_rep() {
+	local r=$1 w read_ran=
+	want fio-seqread && run_fio fio-seqread "$r" read 128k read bw_bytes MB/s
+	want fio-seqwrite && run_fio fio-seqwrite "$r" write 128k write bw_bytes MB/s --end_fsync=1
+	want fio-randread && run_fio fio-randread "$r" randread 4k read iops IOPS
+	want fio-randwrite && run_fio fio-randwrite "$r" randwrite 4k write iops IOPS --end_fsync=1
+	want dbench && run_dbench "$r"
+	if want install; then
+		rm -rf "$W/install.$r"
+		mkdir -p "$W/install.$r"
+		timed install "$r" ph_install "$W/install.$r"
+	fi
+	if want chown; then
+		if [ "$chown_uid" = 1000 ]; then chown_uid=0; else chown_uid=1000; fi
+		timed chown "$r" ph_chown "$chown_uid"
+	fi
+	for w in stat find rg; do
+		want $w || continue
+		read_ran=1
+		timed $w "$r" ph_$w
 	done
-fi
-if want sqlite-select; then
-	if [ ! -s "$db" ] || ! sqlite3 -batch "$db" "SELECT 1 FROM t LIMIT 1" >/dev/null 2>&1; then
+	if [ -n "$read_ran" ] && [ "$r" -eq 1 ]; then
+		# What the read workloads left in the page cache (DAX and
+		# cache=always trade guest page cache for host page cache); read
+		# before the next drop, and from repetition 1, which every row runs.
+		say "@@INFO page_cache_kib $(awk '$1 == "Cached:" { print $2 }' /proc/meminfo)"
+	fi
+	if want rm; then
+		install_dir "$r" && timed rm "$r" ph_rm "$W/install.$r"
+	fi
+	# A tree rm did not take must not pile up under the next repetitions.
+	rm -rf "$W/install.$r"
+	if want sqlite-insert; then
 		rm -f "$db" "$db-journal"
-		if ! sqlite3 -batch -bail "$db" <"$meta/insert.sql" >/dev/null 2>"$err"; then
-			fail sqlite-select 0 "untimed table fill exited $?: $(lastline "$err")"
+		timed sqlite-insert "$r" ph_sqlite "$meta/insert.sql"
+	fi
+	if want sqlite-select; then
+		if [ ! -s "$db" ] || ! sqlite3 -batch "$db" "SELECT 1 FROM t LIMIT 1" >/dev/null 2>&1; then
+			rm -f "$db" "$db-journal"
+			if ! sqlite3 -batch -bail "$db" <"$meta/insert.sql" >/dev/null 2>"$err"; then
+				fail sqlite-select "$r" "untimed table fill exited $?: $(lastline "$err")"
+			fi
+		fi
+		[ -s "$db" ] && timed sqlite-select "$r" ph_sqlite_select "$meta/select.sql"
+	fi
+	return 0
+}
+
+# The budget check runs before every repetition but the first, which always
+# runs in full so every workload has a sample: the next repetition starts
+# only if it fits, taking the slowest one so far as its cost.
+longest=0
+rep_secs=
+for ((r = 1; r <= BENCH_REPS; r++)); do
+	if [ "$r" -gt 1 ] && [ "$BENCH_BUDGET_SECS" -gt 0 ]; then
+		now
+		elapsed=$((REPLY - t_script))
+		if [ $((elapsed + longest)) -gt $((BENCH_BUDGET_SECS * 1000000)) ]; then
+			say "@@INFO budget_stop after repetition $((r - 1)) of $BENCH_REPS: $(secs $elapsed) s elapsed + $(secs $longest) s for the longest repetition > BENCH_BUDGET_SECS=$BENCH_BUDGET_SECS"
+			break
 		fi
 	fi
-	for ((r = 1; r <= BENCH_REPS; r++)); do
-		[ -s "$db" ] && timed sqlite-select $r ph_sqlite_select "$meta/select.sql"
-	done
+	now
+	t_rep=$REPLY
+	run_rep "$r"
+	now
+	t_rep=$((REPLY - t_rep))
+	[ "$t_rep" -gt "$longest" ] && longest=$t_rep
+	rep_secs="${rep_secs:+$rep_secs }$(secs $t_rep)"
+	say "@@INFO reps_done $r"
+	say "@@INFO rep_seconds $rep_secs"
+done
+rm -f "$fiofile"
+rm -rf "$W/dbench" "$W"/install.*
+if [ -n "$chown_first" ] && [ "$chown_uid" != "$chown_first" ]; then
+	chown -R "$chown_first:$chown_first" "$nm/node_modules" 2>/dev/null
 fi
 
 cleanup
