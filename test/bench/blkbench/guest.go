@@ -41,14 +41,27 @@ type guestRun struct {
 	stderr      string
 }
 
-// bootAndMeasure boots one guest with dev as its only disk, mounts it as
-// the container's root the way the shim mounts an imagefs-blk rootfs
-// (storage driver "blk", source the device's PCI path), runs the
-// benchmark script in it and tears the VM down.
-func bootAndMeasure(ctx context.Context, s vmSettings, dir, name string, dev hypervisor.Device) (_ *guestRun, err error) {
+// benchDisk is one disk under test: its label is its mount point's name
+// in the container (/disks/LABEL) and its column in the table.
+type benchDisk struct {
+	label string
+	dev   hypervisor.Device
+}
+
+// bootAndMeasure boots one guest with every disk under test attached at
+// once, plus root, a read-only tools disk that is the container's root so
+// no disk under test also serves the binaries. Each disk is mounted the way
+// the shim mounts an imagefs-blk rootfs (storage driver "blk", source the
+// device's PCI path) and bound into the container at /disks/LABEL; the
+// benchmark script then runs in the container and the VM is torn down.
+func bootAndMeasure(ctx context.Context, s vmSettings, dir string, root hypervisor.Device, disks []benchDisk) (_ *guestRun, err error) {
 	sock := filepath.Join(dir, "agent.sock")
+	devs := []hypervisor.Device{root}
+	for _, d := range disks {
+		devs = append(devs, d.dev)
+	}
 	vmc := &hypervisor.VMConfig{
-		Name:         "blkbench-" + name,
+		Name:         "blkbench",
 		Dir:          filepath.Join(dir, "vm"),
 		QEMUPath:     s.caps.Path,
 		Caps:         s.caps,
@@ -61,7 +74,7 @@ func bootAndMeasure(ctx context.Context, s vmSettings, dir, name string, dev hyp
 		Initrd:       filepath.Join(s.kit, "initrd.img"),
 		ConsoleLog:   filepath.Join(dir, "console.log"),
 		Agent:        hypervisor.AgentChannel{Transport: hypervisor.AgentSerial, SocketPath: sock},
-		Devices:      []hypervisor.Device{dev},
+		Devices:      devs,
 	}
 	start := time.Now()
 	vm, err := hypervisor.Start(ctx, vmc)
@@ -105,30 +118,56 @@ func bootAndMeasure(ctx context.Context, s vmSettings, dir, name string, dev hyp
 	if err != nil {
 		return nil, wrap("guest agent", err)
 	}
-	if err := client.CreateSandbox(ctx, &pb.CreateSandboxRequest{Hostname: name, SandboxId: name}); err != nil {
+	if err := client.CreateSandbox(ctx, &pb.CreateSandboxRequest{Hostname: "blkbench", SandboxId: "blkbench"}); err != nil {
 		return nil, wrap("CreateSandbox", err)
 	}
-	path, ok := vm.Plan().PCIPaths[dev.DeviceID()]
-	if !ok {
-		return nil, fmt.Errorf("device %s has no PCI path", dev.DeviceID())
+	pciPath := func(dev hypervisor.Device) (string, error) {
+		p, ok := vm.Plan().PCIPaths[dev.DeviceID()]
+		if !ok {
+			return "", fmt.Errorf("device %s has no PCI path", dev.DeviceID())
+		}
+		return string(p), nil
 	}
 	cid := "bench"
 	mp := "/run/kata-containers/shared/containers/" + cid
-	st := &pb.Storage{Driver: "blk", Source: string(path), Fstype: "ext4", MountPoint: mp}
+	rootPath, err := pciPath(root)
+	if err != nil {
+		return nil, err
+	}
+	storages := []*pb.Storage{{Driver: "blk", Source: rootPath, Fstype: "ext4", MountPoint: mp, Options: []string{"ro"}}}
+	mounts := []*pb.Mount{
+		{Destination: "/proc", Source: "proc", Type: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/sys", Source: "sysfs", Type: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		{Destination: "/dev", Source: "devtmpfs", Type: "devtmpfs", Options: []string{"nosuid", "mode=755"}},
+		{Destination: "/dev/shm", Source: "shm", Type: "tmpfs", Options: []string{"nosuid", "nodev", "noexec", "mode=1777"}},
+		{Destination: "/tmp", Source: "tmpfs", Type: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
+	}
+	args := []string{"/bin/bash", "/bench/run.sh", strconv.Itoa(s.files), strconv.Itoa(s.dirs), strconv.Itoa(s.reps),
+		strconv.Itoa(s.fioSecs), strconv.Itoa(s.fioMiB), s.only}
+	for _, d := range disks {
+		p, err := pciPath(d.dev)
+		if err != nil {
+			return nil, err
+		}
+		at := "/run/blkbench/" + d.label
+		storages = append(storages, &pb.Storage{Driver: "blk", Source: p, Fstype: "ext4", MountPoint: at})
+		mounts = append(mounts, &pb.Mount{Destination: "/disks/" + d.label, Source: at, Type: "bind", Options: []string{"rbind"}})
+		args = append(args, d.label)
+	}
 	spec := &pb.Spec{
 		Version:  "1.1.0",
-		Hostname: name,
-		Root:     &pb.Root{Path: mp},
+		Hostname: "blkbench",
+		Root:     &pb.Root{Path: mp, Readonly: true},
+		Mounts:   mounts,
 		Process: &pb.Process{
 			User: &pb.User{},
-			Args: []string{"/bin/bash", "/bench/run.sh", strconv.Itoa(s.files), strconv.Itoa(s.dirs), strconv.Itoa(s.reps),
-				strconv.Itoa(s.fioSecs), strconv.Itoa(s.fioMiB), s.only},
-			Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LC_ALL=C"},
-			Cwd: "/",
+			Args: args,
+			Env:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LC_ALL=C"},
+			Cwd:  "/",
 		},
 		Annotations: map[string]string{},
 	}
-	if err := client.CreateContainer(ctx, &pb.CreateContainerRequest{ContainerId: cid, ExecId: cid, OCI: spec, Storages: []*pb.Storage{st}}); err != nil {
+	if err := client.CreateContainer(ctx, &pb.CreateContainerRequest{ContainerId: cid, ExecId: cid, OCI: spec, Storages: storages}); err != nil {
 		return nil, wrap("CreateContainer", err)
 	}
 	if err := client.StartContainer(ctx, cid); err != nil {

@@ -1,11 +1,12 @@
 // Command blkbench measures imagefs-blk against the two ways QEMU would
-// otherwise serve the same ext4 image, side by side in one run, one guest
-// boot each: (a) imagefs-blk, synthesized metadata with data read through
-// the block map and a copy-on-write overlay, served over vhost-user-blk by
-// this process; (b) the raw export of that image behind QEMU's own
-// virtio-blk-pci (cache=none); (c) the same raw export behind
-// qemu-storage-daemon's vhost-user-blk export (O_DIRECT). The workloads run
-// inside the guest as the container process and are timed there. It
+// otherwise serve the same ext4 image, side by side in one guest boot with
+// every disk attached at once: (a) imagefs-blk, synthesized metadata with
+// data read through the block map and a copy-on-write overlay, served over
+// vhost-user-blk by this process; (b) the raw export of that image behind
+// QEMU's own virtio-blk-pci (cache=none); (c) the same raw export behind
+// qemu-storage-daemon's vhost-user-blk export (O_DIRECT); (d) a control,
+// virtio-blk with cache=writeback. The workloads run inside the guest as
+// the container process, on each disk in turn, and are timed there. It
 // writes raw numbers as JSON and a Markdown section of docs/benchmarks.md.
 package main
 
@@ -60,15 +61,15 @@ func main() {
 	flag.IntVar(&o.memoryMiB, "mem", 1024, "guest RAM in MiB (shared memfd)")
 	flag.IntVar(&o.files, "files", 5000, "small files created per repetition")
 	flag.IntVar(&o.dirs, "dirs", 10, "directories the small files are spread over")
-	flag.IntVar(&o.reps, "reps", 3, "repetitions of every workload within one boot")
+	flag.IntVar(&o.reps, "reps", 4, "repetitions of every workload on every disk (the disk order rotates each repetition)")
 	flag.IntVar(&o.fioSecs, "fio-runtime", 4, "seconds per fio read run")
 	flag.IntVar(&o.fioMiB, "fio-size", 256, "MiB of the file fio writes and then reads")
 	flag.IntVar(&o.imageMiB, "image-file", 256, "MiB of random data stored in the image itself for the image-file fio rows")
 	flag.BoolVar(&o.skipGoBench, "skip-go-bench", false, "do not run BenchmarkRead4K")
-	flag.BoolVar(&o.writeback, "writeback", true, "also boot (d): virtio-blk with cache=writeback, the control that reads through the host page cache like imagefs-blk")
+	flag.BoolVar(&o.writeback, "writeback", true, "also attach (d): virtio-blk with cache=writeback, the control that reads through the host page cache like imagefs-blk")
 	flag.StringVar(&o.only, "only", "all", "workload groups to run, comma-separated: files (create, chown, ls, cat, rm), seqwrite, randread, seqread, imgrandread, imgseqread; randread and seqread need seqwrite")
-	flag.StringVar(&o.backends, "backends", "abcd", "backends to boot, by letter; a and b are always booted (d also needs -writeback)")
-	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the imagefs-blk server) while guest (a) runs")
+	flag.StringVar(&o.backends, "backends", "abcd", "disks to attach, by letter; a and b are always attached (d also needs -writeback)")
+	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the imagefs-blk server) while the guest runs")
 	flag.Parse()
 	if err := checkOnly(o.only); err != nil {
 		fmt.Fprintf(os.Stderr, "blkbench: %v\n", err)
@@ -167,10 +168,16 @@ func run(ctx context.Context, o options) (err error) {
 		}
 	}()
 	imgBytes := disk.Image.Map.Blocks() * uint64(disk.Image.Map.BlockSize())
-	// Each raw backend gets its own pristine copy: the guests write.
-	rawB, rawC, rawD := filepath.Join(tmp, "virtio-blk.raw"), filepath.Join(tmp, "qsd.raw"), filepath.Join(tmp, "virtio-blk-wb.raw")
-	raws := []string{rawB, rawC}
-	if o.writeback && strings.Contains(o.backends, "d") {
+	// Each raw backend gets its own pristine copy: the guest writes. The
+	// tools disk (the container's root) is one more, read-only.
+	rawRoot, rawB, rawC, rawD := filepath.Join(tmp, "root.raw"), filepath.Join(tmp, "virtio-blk.raw"), filepath.Join(tmp, "qsd.raw"), filepath.Join(tmp, "virtio-blk-wb.raw")
+	useC := strings.Contains(o.backends, "c")
+	useD := o.writeback && strings.Contains(o.backends, "d")
+	raws := []string{rawRoot, rawB}
+	if useC {
+		raws = append(raws, rawC)
+	}
+	if useD {
 		raws = append(raws, rawD)
 	}
 	t0 := time.Now()
@@ -186,94 +193,97 @@ func run(ctx context.Context, o options) (err error) {
 
 	s := vmSettings{kit: kit, caps: caps, accel: accel, memoryMiB: uint64(o.memoryMiB),
 		files: o.files, dirs: o.dirs, reps: o.reps, fioSecs: o.fioSecs, fioMiB: o.fioMiB, only: o.only}
-	var results []*backendResult
-	measure := func(r *backendResult, name string, dev hypervisor.Device) {
-		fmt.Fprintf(os.Stderr, "blkbench: %s: booting (%s)\n", r.Name, r.Device)
-		dir := filepath.Join(tmp, name)
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			r.Error = err.Error()
-			return
-		}
-		t := time.Now()
-		g, err := bootAndMeasure(ctx, s, dir, name, dev)
-		if err != nil {
-			r.Error = err.Error()
-			fmt.Fprintf(os.Stderr, "blkbench: %s failed: %v\n", r.Name, err)
-			return
-		}
-		r.BootSeconds = g.bootSeconds
-		r.Samples = map[string][]float64{}
-		for _, sm := range g.samples {
-			r.Samples[sm.workload] = append(r.Samples[sm.workload], sm.value)
-		}
-		fmt.Fprintf(os.Stderr, "blkbench: %s done in %.0f s\n", r.Name, time.Since(t).Seconds())
-	}
 
 	// (a) imagefs-blk, served by this process.
 	ra := &backendResult{Label: "(a) imagefs-blk", Name: "imagefs-blk", Device: fmt.Sprintf("vhost-user-blk-pci (num-queues %d, queue-size %d, seg_max %d)", b.NumQueues, b.QueueSize, b.QueueSize-2),
 		Host: "kata-fsx blk.CreateFromIndex in the benchmark process: ext4 metadata synthesized, data read from the layer files (host page cache), writes to a sparse overlay"}
+	// (b) the raw export behind QEMU's virtio-blk.
+	rb := &backendResult{Label: "(b) virtio-blk cache=none", Name: "virtio-blk", Device: fmt.Sprintf("virtio-blk-pci, -drive format=raw,cache=none,aio=%s", aio),
+		Host: "QEMU's block layer on the raw export (O_DIRECT)"}
+	results := []*backendResult{ra, rb}
+	disks := []benchDisk{
+		{"a", &hypervisor.VhostUserBlk{ID: "imagefs-blk-0", SocketPath: disk.Socket, NumQueues: b.NumQueues, QueueSize: b.QueueSize}},
+		{"b", &hypervisor.VirtioBlk{ID: "virtio-blk-b", Path: rawB, Format: "raw", Cache: "none", AIO: aio}},
+	}
+	byLabel := map[string]*backendResult{"a": ra, "b": rb}
+
+	// (c) the raw export behind qemu-storage-daemon's vhost-user-blk.
+	rc := &backendResult{Label: "(c) qsd vhost-user-blk", Name: "qsd vhost-user-blk", Device: fmt.Sprintf("vhost-user-blk-pci (num-queues 1, queue-size %d)", b.QueueSize)}
+	results = append(results, rc)
+	if useC {
+		qsdDir := filepath.Join(tmp, "qsd")
+		sock := filepath.Join(qsdDir, "vhost-blk.sock")
+		if err := os.MkdirAll(qsdDir, 0o700); err != nil {
+			return err
+		}
+		d, err := startStorageDaemon(ctx, qsd, rawC, sock, aio, filepath.Join(qsdDir, "qsd.log"))
+		if err != nil {
+			return err
+		}
+		defer d.Stop()
+		rc.Host = "qemu-storage-daemon " + strings.Join(d.Args[1:], " ")
+		disks = append(disks, benchDisk{"c", &hypervisor.VhostUserBlk{ID: "qsd-blk-0", SocketPath: sock, NumQueues: 1, QueueSize: b.QueueSize}})
+		byLabel["c"] = rc
+	} else {
+		rc.Error = errNotBooted.Error()
+	}
+
+	// (d) control: virtio-blk through the host page cache, as (a) reads
+	// its layer files and writes its overlay.
+	if useD {
+		rd := &backendResult{Label: "(d) virtio-blk cache=writeback", Name: "virtio-blk writeback",
+			Device: fmt.Sprintf("virtio-blk-pci, -drive format=raw,cache=writeback,aio=%s", aio),
+			Host:   "QEMU's block layer on the raw export through the host page cache (control, not a target)"}
+		results = append(results, rd)
+		disks = append(disks, benchDisk{"d", &hypervisor.VirtioBlk{ID: "virtio-blk-d", Path: rawD, Format: "raw", Cache: "writeback", AIO: aio}})
+		byLabel["d"] = rd
+	}
+	root := &hypervisor.VirtioBlk{ID: "tools-blk", Path: rawRoot, Format: "raw", Cache: "writeback", AIO: aio, ReadOnly: true}
+
+	var labels []string
+	for _, d := range disks {
+		labels = append(labels, d.label)
+	}
+	fmt.Fprintf(os.Stderr, "blkbench: booting one guest with disks %s and the tools disk\n", strings.Join(labels, ", "))
 	stopProfile, err := startCPUProfile(o.cpuProfile)
 	if err != nil {
 		return err
 	}
-	measure(ra, "imagefs", &hypervisor.VhostUserBlk{ID: "imagefs-blk-0", SocketPath: disk.Socket, NumQueues: b.NumQueues, QueueSize: b.QueueSize})
+	vmDir := filepath.Join(tmp, "vm")
+	if err := os.MkdirAll(vmDir, 0o700); err != nil {
+		return err
+	}
+	tRun := time.Now()
+	g, runErr := bootAndMeasure(ctx, s, vmDir, root, disks)
 	if err := stopProfile(); err != nil {
 		return err
+	}
+	bootSeconds := 0.0
+	if runErr != nil {
+		fmt.Fprintf(os.Stderr, "blkbench: guest failed: %v\n", runErr)
+		for _, r := range byLabel {
+			r.Error = runErr.Error()
+		}
+	} else {
+		bootSeconds = g.bootSeconds
+		for _, r := range byLabel {
+			r.Samples = map[string][]float64{}
+		}
+		for _, sm := range g.samples {
+			r, ok := byLabel[sm.disk]
+			if !ok {
+				return fmt.Errorf("guest output names disk %q, which was not attached", sm.disk)
+			}
+			r.Samples[sm.workload] = append(r.Samples[sm.workload], sm.value)
+		}
+		fmt.Fprintf(os.Stderr, "blkbench: guest done in %.0f s\n", time.Since(tRun).Seconds())
 	}
 	diskOpen = false
 	if cErr := disk.Remove(); cErr != nil {
 		return fmt.Errorf("imagefs-blk disk: %w", cErr)
 	}
-	results = append(results, ra)
 	if ctx.Err() != nil {
 		return ctx.Err()
-	}
-
-	// (b) the raw export behind QEMU's virtio-blk.
-	rb := &backendResult{Label: "(b) virtio-blk cache=none", Name: "virtio-blk", Device: fmt.Sprintf("virtio-blk-pci, -drive format=raw,cache=none,aio=%s", aio),
-		Host: "QEMU's block layer on the raw export (O_DIRECT)"}
-	measure(rb, "virtioblk", &hypervisor.VirtioBlk{ID: "virtio-blk-0", Path: rawB, Format: "raw", Cache: "none", AIO: aio})
-	results = append(results, rb)
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-
-	// (c) the raw export behind qemu-storage-daemon's vhost-user-blk.
-	rc := &backendResult{Label: "(c) qsd vhost-user-blk", Name: "qsd vhost-user-blk", Device: fmt.Sprintf("vhost-user-blk-pci (num-queues 1, queue-size %d)", b.QueueSize)}
-	qsdDir := filepath.Join(tmp, "qsd")
-	sock := filepath.Join(qsdDir, "vhost-blk.sock")
-	if err := os.MkdirAll(qsdDir, 0o700); err != nil {
-		return err
-	}
-	var d *storageDaemon
-	if strings.Contains(o.backends, "c") {
-		d, err = startStorageDaemon(ctx, qsd, rawC, sock, aio, filepath.Join(qsdDir, "qsd.log"))
-	} else {
-		err = errNotBooted
-	}
-	if err != nil {
-		rc.Error = err.Error()
-	} else {
-		rc.Host = "qemu-storage-daemon " + strings.Join(d.Args[1:], " ")
-		measure(rc, "qsdvub", &hypervisor.VhostUserBlk{ID: "qsd-blk-0", SocketPath: sock, NumQueues: 1, QueueSize: b.QueueSize})
-		d.Stop()
-	}
-	results = append(results, rc)
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-
-	// (d) control: virtio-blk through the host page cache, as (a) reads
-	// its layer files and writes its overlay.
-	if o.writeback && strings.Contains(o.backends, "d") {
-		rd := &backendResult{Label: "(d) virtio-blk cache=writeback", Name: "virtio-blk writeback",
-			Device: fmt.Sprintf("virtio-blk-pci, -drive format=raw,cache=writeback,aio=%s", aio),
-			Host:   "QEMU's block layer on the raw export through the host page cache (control, not a target)"}
-		measure(rd, "virtioblkwb", &hypervisor.VirtioBlk{ID: "virtio-blk-0", Path: rawD, Format: "raw", Cache: "writeback", AIO: aio})
-		results = append(results, rd)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
 	}
 
 	goBench := "not run (-skip-go-bench)"
@@ -296,10 +306,11 @@ func run(ctx context.Context, o options) (err error) {
 			"imagefs": fmt.Sprintf("block size %d, journal %v (%d MiB), writable %d MiB", b.BlockSize, b.Journal, b.JournalSizeMB, b.WritableSizeMB),
 		},
 		"backends":           results,
+		"boot_seconds":       bootSeconds,
 		"inprocess_read4k":   goBench,
 		"wall_clock_seconds": time.Since(started).Seconds(),
 	}
-	md := markdown(res, results, o, goBench, host)
+	md := markdown(res, results, o, goBench, host, bootSeconds)
 	if err := os.MkdirAll(filepath.Dir(o.jsonOut), 0o755); err != nil {
 		return err
 	}
@@ -408,14 +419,15 @@ func format(v float64, unit string) string {
 	return fmt.Sprintf("%.1f %s", v, unit)
 }
 
-func markdown(res map[string]any, results []*backendResult, o options, goBench string, host map[string]string) string {
+func markdown(res map[string]any, results []*backendResult, o options, goBench string, host map[string]string, bootSeconds float64) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Run %s, `%s`, wall clock %.0f s.\n\n", res["date"], res["command"], res["wall_clock_seconds"])
 	fmt.Fprintf(&b, "Host: %s, %s CPUs (load average %s at the start, %s at the end: the machine is shared), accelerator **%s** (%s); %s; host kernel %s; guest kernel %s; %s. "+
-		"Guest: q35, 1 vCPU, %d MiB RAM (memfd, share=on); host I/O for (b) and (c): O_DIRECT, aio=%s.\n\n",
+		"Guest: q35, 1 vCPU, %d MiB RAM (memfd, share=on); host I/O for (b) and (c): O_DIRECT, aio=%s. "+
+		"One guest boot with every disk attached at once; each workload ran on every disk in turn before the next workload, the disk order rotating by one each repetition.\n\n",
 		host["cpu"], host["cpus"], host["loadavg_start"], host["loadavg_end"], host["accel"], shortReason(host["accel_reason"]), host["qemu"], host["kernel"], host["guest_kernel"], host["fio"],
 		o.memoryMiB, host["aio"])
-	fmt.Fprintf(&b, "Median of %d repetitions in the same boot (min–max in brackets). Ratio = imagefs-blk's speed relative to virtio-blk "+
+	fmt.Fprintf(&b, "Median of %d repetitions per disk (min–max in brackets). Ratio = imagefs-blk's speed relative to virtio-blk "+
 		"(time_virtio / time_imagefs, or throughput_imagefs / throughput_virtio): 1.00 is equal, above 1 imagefs-blk is faster. Target ≥ 0.90 on every row.\n\n", o.reps)
 	b.WriteString("| workload |")
 	for _, r := range results {
@@ -483,18 +495,14 @@ func markdown(res map[string]any, results []*backendResult, o options, goBench s
 		}
 		b.WriteString("\n")
 	}
-	var boots []string
-	for _, r := range results {
-		if r.Error == "" {
-			boots = append(boots, fmt.Sprintf("%s %.1f s", r.Name, r.BootSeconds))
-		}
-	}
 	fmt.Fprintf(&b, "\nTarget met on %d of %d rows", met, total)
 	if len(missed) > 0 {
 		fmt.Fprintf(&b, "; not met: %s", strings.Join(missed, "; "))
 	}
 	b.WriteString(".\n\n")
-	fmt.Fprintf(&b, "Boot, QEMU start to container running (one sample each, not a target row): %s.\n\n", strings.Join(boots, ", "))
+	if bootSeconds > 0 {
+		fmt.Fprintf(&b, "Boot of the one guest, QEMU start to container running with every disk mounted: %.1f s.\n\n", bootSeconds)
+	}
 	for _, r := range results {
 		if r.Error != "" {
 			fmt.Fprintf(&b, "- **%s failed**: %s\n", r.Name, truncate(strings.ReplaceAll(r.Error, "\n", " "), 400))
@@ -508,7 +516,9 @@ func markdown(res map[string]any, results []*backendResult, o options, goBench s
 		"while (b) and (c) use O_DIRECT on the raw file (cache=none / cache.direct=on), as asked of the comparison; " +
 		"(d), when present, is the same virtio-blk with cache=writeback, a control that shares (a)'s host page cache. " +
 		"a / c compares the two vhost-user servers over the same transport; a / c and a / d are context, not targets. " +
-		"Each raw backend gets its own pristine copy of the image; guest writes land in (a)'s overlay. The guests ran one after another in the order of the columns. " +
+		"Each raw backend gets its own pristine copy of the image; guest writes land in (a)'s overlay. " +
+		"The container's root (bash, fio, coreutils) is a fifth, read-only copy behind virtio-blk, so no disk under test also serves the tools; " +
+		"the disks share one guest, one QEMU and the same stretch of time, so host noise (the shared disk behind (b) and (c), other tenants' CPU) falls on all of them alike. " +
 		"Raw numbers: `docs/bench/blk.json`.\n")
 	return b.String()
 }

@@ -44,8 +44,12 @@ func benchLayer(dir, lower string, imageMiB int) error {
 			return err
 		}
 	}
-	if err := os.MkdirAll(filepath.Join(dir, "bench"), 0o755); err != nil {
-		return err
+	// The container's root is read-only: the mount points of the disks
+	// under test must already be in the image.
+	for _, d := range []string{"bench", "disks/a", "disks/b", "disks/c", "disks/d"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return err
+		}
 	}
 	if err := os.WriteFile(filepath.Join(dir, "bench/run.sh"), []byte(guestScript), 0o755); err != nil {
 		return err
