@@ -28,7 +28,11 @@ type Options struct {
 	Image      string // the bench image's root directory
 	Backends   []Row
 	Baseline   string // the row ratios are computed against
-	Reps       int
+	Reps       int    // repetitions of the workloads, at most when Budget is set
+	// Budget is the time the whole matrix may take, shared out between the
+	// rows as they start; a row stops repeating before it would overrun its
+	// share (0 = no budget: every row runs Reps repetitions).
+	Budget     time.Duration
 	StartReps  int // boots per VM row for the cold-start samples
 	FioMB      int
 	FioSecs    int
@@ -86,6 +90,10 @@ func (p *progressWriter) Write(b []byte) (int, error) {
 			p.d.logf("%s: %s rep %s: %s %s", p.row, f[1], f[2], f[3], f[4])
 		case len(f) >= 3 && f[0] == "@@FAIL":
 			p.d.logf("%s: %s rep %s FAILED: %s", p.row, f[1], f[2], strings.Join(f[3:], " "))
+		case len(f) == 3 && f[0] == "@@INFO" && f[1] == "reps_done":
+			p.d.logf("%s: repetition %s done", p.row, f[2])
+		case len(f) >= 3 && f[0] == "@@INFO" && f[1] == "budget_stop":
+			p.d.logf("%s: time budget: stopped %s", p.row, strings.Join(f[2:], " "))
 		}
 	}
 	if len(p.buf) > maxLine {
@@ -103,7 +111,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, defaultC
 	fs.StringVar(&o.ConfigPath, "config", "", "base configuration (default: the usual lookup)")
 	fs.StringVar(&o.Image, "image", "", "bench image root directory (test/fixtures/bench-image.sh builds one; make bench passes it)")
 	fs.StringVar(&o.Baseline, "baseline", "virtio-fs:cache=auto", "row the ratio chart and table compare against")
-	fs.IntVar(&o.Reps, "reps", 3, "repetitions of every workload")
+	fs.IntVar(&o.Reps, "reps", 3, "repetitions of every workload (at most, with --budget)")
+	fs.DurationVar(&o.Budget, "budget", 28*time.Minute, "time the whole matrix may take, shared out between rows as they start; a row runs repetition 1 in full, then stops before a repetition that would overrun its share; 0 = none, every row runs --reps")
 	fs.IntVar(&o.StartReps, "start-reps", 2, "boots per VM row for cold-start samples (the workload boot is the first)")
 	fs.IntVar(&o.FioMB, "fio-size", 32, "MiB of the fio file")
 	fs.IntVar(&o.FioSecs, "fio-runtime", 1, "seconds per fio job")
@@ -132,6 +141,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, defaultC
 	}
 	if o.Reps < 1 || o.StartReps < 1 || o.FioMB < 1 || o.FioSecs < 1 || o.DbenchSecs < 1 || o.SqliteRows < 1 || o.VCPUs < 1 || o.MemoryMiB < 256 {
 		fmt.Fprintln(stderr, "kata-fsx bench: --reps, --start-reps, --fio-size, --fio-runtime, --dbench-time, --sqlite-rows and --vcpus must be positive, --memory at least 256")
+		return 2
+	}
+	if o.Budget < 0 {
+		fmt.Fprintln(stderr, "kata-fsx bench: --budget must not be negative (0 = no budget)")
 		return 2
 	}
 	if o.KataFSX, err = os.Executable(); err != nil {
@@ -181,18 +194,22 @@ func Run(ctx context.Context, o Options, defaultConfig string, stdout, stderr io
 		return err
 	}
 	d.logf("host: %s, %s CPUs, accelerator %s; QEMU %s; virtiofsd %s", d.host["cpu"], d.host["cpus"], d.accel, d.host["qemu"], d.host["virtiofsd"])
+	if o.Budget > 0 {
+		d.logf("time budget %s for %d rows, shared out as each starts", o.Budget, runnable(o.Backends, d.caps))
+	}
 	var rows []*RowResult
 	for i, r := range o.Backends {
 		if ctx.Err() != nil {
 			rows = append(rows, &RowResult{Spec: r.Spec, Kind: r.Kind, Error: "not run: interrupted"})
 			continue
 		}
-		rows = append(rows, d.runRow(ctx, i, r))
+		share := budgetShare(o.Budget, time.Since(started), runnable(o.Backends[i:], d.caps))
+		rows = append(rows, d.runRow(ctx, i, r, share))
 	}
 	rep := &Report{
 		Date: started.UTC().Format(time.RFC3339), Command: o.Command, Host: d.host, Rows: rows,
 		Settings: map[string]any{
-			"reps": o.Reps, "start_reps": o.StartReps, "fio_file_mib": o.FioMB, "fio_runtime_s": o.FioSecs,
+			"reps": o.Reps, "budget_s": o.Budget.Seconds(), "start_reps": o.StartReps, "fio_file_mib": o.FioMB, "fio_runtime_s": o.FioSecs,
 			"dbench_s": o.DbenchSecs, "sqlite_rows": o.SqliteRows, "only": o.Only, "vcpus": o.VCPUs, "memory_mib": o.MemoryMiB,
 			"baseline": o.Baseline, "image": o.Image, "block_device_aio": d.aio,
 		},

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"io"
 	"math"
 	"strings"
 	"testing"
@@ -215,30 +216,190 @@ func TestStallWatch(t *testing.T) {
 
 func TestUnfinishedAndMerge(t *testing.T) {
 	d := &driver{o: Options{Reps: 2}}
-	first, err := ParseOutput("@@RESULT chown 1 1 s\n@@RESULT chown 2 1 s\n@@RESULT stat 1 2 s\n@@FAIL dbench 1 no dbench\n@@INFO fio_mode psync\n")
+	only := "dbench,chown,stat,find,rg"
+	// Repetition 1 done, repetition 2 hung in stat.
+	first, err := ParseOutput(`@@FAIL dbench 1 no dbench
+@@RESULT chown 1 1 s
+@@RESULT chown-sync 1 1.5 s
+@@RESULT stat 1 2 s
+@@RESULT find 1 1 s
+@@RESULT rg 1 1 s
+@@INFO reps_done 1
+@@FAIL dbench 2 no dbench
+@@RESULT chown 2 9 s
+@@RESULT chown-sync 2 9.5 s
+@@INFO fio_mode psync
+`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rest := d.unfinished(first, "chown,stat,dbench,find,rg", "no progress for 3m")
-	// stat was running when the guest hung: charged with it, not retried.
-	if strings.Join(rest, ",") != "find,rg" {
-		t.Fatalf("unfinished = %v, want find,rg", rest)
+	rest, left := d.unfinished(first, only, "no progress for 3m", 2)
+	// stat was running when the guest hung: charged with it, not retried;
+	// dbench failed already; the rest run repetition 2 again.
+	if strings.Join(rest, ",") != "chown,find,rg" || left != 1 {
+		t.Fatalf("unfinished = %v for %d repetitions, want chown,find,rg for 1", rest, left)
 	}
 	if f := first.Failures["stat"]; len(f) != 1 || !strings.Contains(f[0], "rep 2: no progress") {
-		t.Fatalf("hung workload not charged: %v", first.Failures)
+		t.Fatalf("hung workload not charged with rep 2: %v", first.Failures)
 	}
-	if rest := d.unfinished(first, "chown,stat,dbench,find,rg", "again"); strings.Join(rest, ",") != "find,rg" {
-		t.Fatalf("second call charged another workload: %v", rest)
+	// chown's sample of the unfinished repetition is gone, the earlier one kept.
+	if v := first.Samples["chown"]; len(v) != 1 || v[0] != 1 {
+		t.Fatalf("chown samples %v, want only repetition 1's", v)
 	}
-	second, _ := ParseOutput("@@RESULT stat 1 3 s\n@@RESULT stat 2 4 s\n@@RESULT find 1 1 s\n@@RESULT find 2 1 s\n@@INFO fio_mode libaio\n@@DONE\n")
+	if v := first.Samples["chown-sync"]; len(v) != 1 || v[0] != 1.5 {
+		t.Fatalf("chown-sync samples %v, want only repetition 1's", v)
+	}
+	if rest, _ := d.unfinished(first, only, "again", 2); strings.Join(rest, ",") != "chown,find,rg" || len(first.Failures["stat"]) != 1 || len(first.Failures["chown"]) != 0 {
+		t.Fatalf("second call changed the verdict: %v, failures %v", rest, first.Failures)
+	}
+	second, _ := ParseOutput("@@RESULT chown 1 3 s\n@@RESULT chown-sync 1 3.5 s\n@@RESULT find 1 1 s\n@@RESULT rg 1 1 s\n@@INFO reps_done 1\n@@INFO fio_mode libaio\n@@DONE\n")
 	m := merge(first, second)
-	if len(m.Samples["stat"]) != 3 || len(m.Samples["chown"]) != 2 || len(m.Samples["find"]) != 2 || !m.Done {
+	if len(m.Samples["stat"]) != 1 || len(m.Samples["chown"]) != 2 || len(m.Samples["find"]) != 2 || len(m.Samples["rg"]) != 2 || !m.Done {
 		t.Fatalf("merged %+v", m)
 	}
-	if m.Info["fio_mode"] != "psync" || len(m.Failures["dbench"]) != 1 {
+	if m.Info["fio_mode"] != "psync" || len(m.Failures["dbench"]) != 2 {
 		t.Fatalf("merged info/failures %+v", m)
 	}
 	if merge(nil, second) != second || merge(first, nil) != first {
 		t.Fatal("merge with nil")
+	}
+}
+
+func TestUnfinishedWhere(t *testing.T) {
+	d := &driver{o: Options{Reps: 3}}
+	for _, c := range []struct {
+		name, out, only string
+		rest            string
+		left            int
+		charged         string
+	}{
+		// Nothing reported: the first selected workload is the hung one.
+		{"silent", "@@START 1\n", "find,rg,rm", "rg,rm", 3, "find"},
+		// Repetition 1 complete, 2 not started: the first one of 2 hung.
+		{"between", "@@RESULT find 1 1 s\n@@RESULT rg 1 1 s\n@@INFO reps_done 1\n", "find,rg", "rg", 2, "find"},
+		// A workload that failed in repetition 1 can still be the hung one of 2.
+		{"failed before", "@@FAIL install 1 tar\n@@FAIL install-sync 1 tar\n@@RESULT rm 1 1 s\n@@INFO reps_done 1\n", "install,rm", "rm", 2, "install"},
+		// Every repetition done: it hung tearing down; nothing to retry.
+		{"all done", "@@RESULT find 1 1 s\n@@INFO reps_done 1\n@@RESULT find 2 1 s\n@@INFO reps_done 2\n@@RESULT find 3 1 s\n@@INFO reps_done 3\n", "find", "", 0, ""},
+		// The budget ended the loop: same.
+		{"budget", "@@RESULT find 1 1 s\n@@INFO reps_done 1\n@@INFO budget_stop after repetition 1\n", "find", "", 0, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o, err := ParseOutput(c.out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rest, left := d.unfinished(o, c.only, "hung", 3)
+			if strings.Join(rest, ",") != c.rest || (c.rest != "" && left != c.left) {
+				t.Errorf("unfinished = %v for %d, want %q for %d", rest, left, c.rest, c.left)
+			}
+			for w, f := range o.Failures {
+				hungMsg := strings.Contains(strings.Join(f, ";"), "hung")
+				base := strings.TrimSuffix(w, "-sync")
+				if hungMsg != (base == c.charged) {
+					t.Errorf("%s failures %v, want the hang charged to %q only", w, f, c.charged)
+				}
+			}
+			if c.charged != "" && len(o.Failures[c.charged]) == 0 {
+				t.Errorf("%s not charged: %v", c.charged, o.Failures)
+			}
+		})
+	}
+}
+
+func TestBudgetShare(t *testing.T) {
+	m := time.Minute
+	for _, c := range []struct {
+		total, spent time.Duration
+		rows         int
+		want         time.Duration
+	}{
+		{28 * m, 0, 8, 210 * time.Second},
+		{28 * m, 10 * m, 3, 6 * m},     // what earlier rows left is shared again
+		{28 * m, 28 * m, 2, 0},         // spent: the rows get repetition 1 only
+		{28 * m, 40 * m, 2, 0},         // overrun
+		{28 * m, 0, 0, 0},              // nothing left to run
+		{0, 0, 8, 0},                   // no budget
+		{time.Hour, 20 * m, 1, 40 * m}, // the last row gets all that is left
+	} {
+		if got := budgetShare(c.total, c.spent, c.rows); got != c.want {
+			t.Errorf("budgetShare(%s, %s, %d) = %s, want %s", c.total, c.spent, c.rows, got, c.want)
+		}
+	}
+	s := time.Second
+	for _, c := range []struct {
+		share, spent time.Duration
+		boots        int
+		perBoot      time.Duration
+		want         int
+	}{
+		{210 * s, 0, 2, 15 * s, 180},
+		{210 * s, 20 * s, 2, 6 * s, 178},
+		{210*s + 900*time.Millisecond, 0, 0, 0, 210}, // whole seconds, rounded down
+		{20 * s, 0, 2, 15 * s, 1},                    // boots alone overrun the share
+		{0, 0, 0, 0, 1},                              // matrix budget spent
+		{0, 5 * s, 3, 15 * s, 1},
+	} {
+		if got := budgetSecs(c.share, c.spent, c.boots, c.perBoot); got != c.want {
+			t.Errorf("budgetSecs(%s, %s, %d, %s) = %d, want %d", c.share, c.spent, c.boots, c.perBoot, got, c.want)
+		}
+	}
+	clock := rowClock{share: 100 * s, started: time.Now()}
+	if got := (&driver{o: Options{}}).scriptBudget(clock, 2, 15*s); got != 0 {
+		t.Errorf("scriptBudget without --budget = %d, want 0 (none)", got)
+	}
+	if got := (&driver{o: Options{Budget: time.Hour}}).scriptBudget(clock, 2, 15*s); got < 69 || got > 70 {
+		t.Errorf("scriptBudget of a 100 s share with 2 boots of 15 s = %d, want 70", got)
+	}
+	// Rows this host skips take no share.
+	rows, err := ParseRows(strings.Join(DefaultBackends(), ";"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps := HostCaps{Root: true, Virtiofsd: "/usr/libexec/virtiofsd"}
+	if got := runnable(rows, caps); got != len(rows)-1 {
+		t.Errorf("runnable without DAX = %d of %d, want the DAX row left out", got, len(rows))
+	}
+	caps.DAX = true
+	if got := runnable(rows, caps); got != len(rows) {
+		t.Errorf("runnable with DAX = %d of %d", got, len(rows))
+	}
+}
+
+// TestBudgetFitsSlowHost plays the default matrix through the budget rules
+// with the per-repetition costs measured on the 2-CPU TCG host where it took
+// 65 min without a budget, and the script's stop rule (repetition 1 always,
+// another only if elapsed + slowest fits): it must fit in 30 minutes and
+// give every row at least one repetition.
+func TestBudgetFitsSlowHost(t *testing.T) {
+	s := time.Second
+	perRep := []time.Duration{7 * s, 270 * s, 270 * s, 130 * s, 105 * s, 130 * s, 40 * s, 40 * s}
+	const overhead = 40 * time.Second // image copy and 2 boots
+	budget, reps := 28*time.Minute, 3
+	var spent time.Duration
+	for i, rep := range perRep {
+		share := budgetShare(budget, spent, len(perRep)-i)
+		boots := 2
+		if i == 0 {
+			boots = 0 // the host row
+		}
+		secs := time.Duration(budgetSecs(share, 0, boots, defaultBootCost)) * s
+		n, used := 0, time.Duration(0)
+		for n < reps && (n == 0 || used+rep <= secs) {
+			n, used = n+1, used+rep
+		}
+		spent += used + overhead
+		t.Logf("row %d: share %s, script budget %s, %d repetitions", i, share.Round(s), secs, n)
+	}
+	t.Logf("matrix: %s", spent.Round(s))
+	if spent > 30*time.Minute {
+		t.Errorf("the default matrix takes %s with the budget, want under 30 min", spent.Round(s))
+	}
+}
+
+func TestMainRejectsNegativeBudget(t *testing.T) {
+	var stderr strings.Builder
+	if rc := Main(context.Background(), []string{"--image", t.TempDir(), "--budget", "-1m"}, io.Discard, &stderr, ""); rc != 2 || !strings.Contains(stderr.String(), "--budget") {
+		t.Fatalf("--budget -1m: exit %d, stderr %q; want 2 and a --budget message", rc, stderr.String())
 	}
 }

@@ -60,8 +60,44 @@ type Output struct {
 	Info     map[string]string    `json:"info,omitempty"`
 	Started  bool                 `json:"started"`
 	Done     bool                 `json:"done"`
-	// hungRecorded is set once a hung workload has been charged.
-	hungRecorded bool
+	// sampleRep is the repetition of each of Samples' values, and tried the
+	// last repetition each name reported (result or failure): the
+	// script runs repetition-major, so they tell where a hung boot stopped.
+	sampleRep map[string][]int
+	tried     map[string]int
+	// hung is the workload a hung boot was charged with, once it has been.
+	hung string
+}
+
+// repsDone is how many whole repetitions the script reported (@@INFO
+// reps_done), 0 when it reported none.
+func (o *Output) repsDone() int {
+	n, err := strconv.Atoi(o.Info["reps_done"])
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}
+
+// dropRep removes name's samples of repetition rep.
+func (o *Output) dropRep(name string, rep int) {
+	v, reps := o.Samples[name], o.sampleRep[name]
+	if len(v) != len(reps) {
+		return // not from ParseOutput: the repetitions are unknown
+	}
+	var keptV []float64
+	var keptR []int
+	for i := range v {
+		if reps[i] != rep {
+			keptV, keptR = append(keptV, v[i]), append(keptR, reps[i])
+		}
+	}
+	if len(keptV) == 0 {
+		delete(o.Samples, name)
+		delete(o.sampleRep, name)
+		return
+	}
+	o.Samples[name], o.sampleRep[name] = keptV, keptR
 }
 
 // maxLine bounds one protocol line; the script's lines are short.
@@ -71,7 +107,8 @@ const maxLine = 64 << 10
 // @@RESULT, @@FAIL, @@DONE); other lines are ignored. Malformed protocol
 // lines are errors: they mean the script and the driver disagree.
 func ParseOutput(text string) (*Output, error) {
-	o := &Output{Samples: map[string][]float64{}, Units: map[string]string{}, Failures: map[string][]string{}, Info: map[string]string{}}
+	o := &Output{Samples: map[string][]float64{}, Units: map[string]string{}, Failures: map[string][]string{}, Info: map[string]string{},
+		sampleRep: map[string][]int{}, tried: map[string]int{}}
 	sc := bufio.NewScanner(strings.NewReader(text))
 	sc.Buffer(make([]byte, 4096), maxLine)
 	for sc.Scan() {
@@ -95,7 +132,8 @@ func ParseOutput(text string) (*Output, error) {
 			if len(f) != 5 {
 				return nil, bad("want @@RESULT workload rep value unit")
 			}
-			if _, err := strconv.Atoi(f[2]); err != nil {
+			rep, err := strconv.Atoi(f[2])
+			if err != nil {
 				return nil, bad("repetition is not a number")
 			}
 			v, err := strconv.ParseFloat(f[3], 64)
@@ -110,11 +148,16 @@ func ParseOutput(text string) (*Output, error) {
 			}
 			o.Units[f[1]] = f[4]
 			o.Samples[f[1]] = append(o.Samples[f[1]], v)
+			o.sampleRep[f[1]] = append(o.sampleRep[f[1]], rep)
+			o.tried[f[1]] = max(o.tried[f[1]], rep)
 		case "@@FAIL":
 			if len(f) < 3 {
 				return nil, bad("want @@FAIL workload rep message")
 			}
 			o.Failures[f[1]] = append(o.Failures[f[1]], fmt.Sprintf("rep %s: %s", f[2], strings.Join(f[3:], " ")))
+			if rep, err := strconv.Atoi(f[2]); err == nil {
+				o.tried[f[1]] = max(o.tried[f[1]], rep)
+			}
 		}
 	}
 	if err := sc.Err(); err != nil {

@@ -25,6 +25,15 @@ type RowResult struct {
 	Skipped string  `json:"skipped,omitempty"`
 	Error   string  `json:"error,omitempty"`
 	Output  *Output `json:"output,omitempty"`
+	// RepsDone is how many whole repetitions of the workloads the row ran;
+	// BudgetStop the script's reason when the time budget stopped it
+	// before --reps.
+	RepsDone   int    `json:"reps_done"`
+	BudgetStop string `json:"budget_stop,omitempty"`
+	// ShareSecs is the row's part of the matrix budget, BudgetSecs what of
+	// it the workload script got (BENCH_BUDGET_SECS); 0 without a budget.
+	ShareSecs  float64 `json:"budget_share_s,omitempty"`
+	BudgetSecs int     `json:"budget_s,omitempty"`
 	// ColdStart are the run-to-process-started times of every boot.
 	ColdStart []float64 `json:"coldstart_seconds,omitempty"`
 	// Serving is the host process that reads the rootfs for the guest
@@ -86,11 +95,13 @@ func role(ps []procSample, name string) (procSample, bool) {
 	return procSample{}, false
 }
 
-// scriptEnv is the workload script's configuration.
-func (d *driver) scriptEnv() []string {
+// scriptEnv is the workload script's configuration for a run of reps
+// repetitions within budget seconds (0 = no budget).
+func (d *driver) scriptEnv(reps, budget int) []string {
 	return []string{
 		"BENCH_WORK=/bench/work",
-		fmt.Sprintf("BENCH_REPS=%d", d.o.Reps),
+		fmt.Sprintf("BENCH_REPS=%d", reps),
+		fmt.Sprintf("BENCH_BUDGET_SECS=%d", budget),
 		fmt.Sprintf("BENCH_FIO_MB=%d", d.o.FioMB),
 		fmt.Sprintf("BENCH_FIO_SECS=%d", d.o.FioSecs),
 		fmt.Sprintf("BENCH_DBENCH_SECS=%d", d.o.DbenchSecs),
@@ -99,8 +110,9 @@ func (d *driver) scriptEnv() []string {
 	}
 }
 
-// runRow measures one row; failures end up in the result, never abort the matrix.
-func (d *driver) runRow(ctx context.Context, n int, r Row) *RowResult {
+// runRow measures one row within share of the matrix budget; failures end
+// up in the result, never abort the matrix.
+func (d *driver) runRow(ctx context.Context, n int, r Row, share time.Duration) *RowResult {
 	res := &RowResult{Spec: r.Spec, Kind: r.Kind}
 	if why := r.SkipReason(d.caps); why != "" {
 		res.Skipped = why
@@ -108,7 +120,17 @@ func (d *driver) runRow(ctx context.Context, n int, r Row) *RowResult {
 		return res
 	}
 	started := time.Now()
-	defer func() { res.Seconds = time.Since(started).Seconds() }()
+	clock := rowClock{share: share, started: started}
+	if d.o.Budget > 0 {
+		res.ShareSecs = share.Seconds()
+		d.logf("%s: budget share %s", r.Spec, share.Round(time.Second))
+	}
+	defer func() {
+		res.Seconds = time.Since(started).Seconds()
+		if res.Output != nil {
+			res.BudgetStop = res.Output.Info["budget_stop"]
+		}
+	}()
 	ctx, cancel := context.WithTimeout(ctx, d.o.RowTimeout)
 	defer cancel()
 	dir := filepath.Join(d.tmp, fmt.Sprintf("row%d", n))
@@ -123,9 +145,9 @@ func (d *driver) runRow(ctx context.Context, n int, r Row) *RowResult {
 	}()
 	var err error
 	if r.Kind == KindHost {
-		err = d.runHost(ctx, dir, res)
+		err = d.runHost(ctx, dir, clock, res)
 	} else {
-		err = d.runVM(ctx, dir, n, r, res)
+		err = d.runVM(ctx, dir, n, r, clock, res)
 	}
 	if err != nil {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -143,7 +165,7 @@ func (d *driver) runRow(ctx context.Context, n int, r Row) *RowResult {
 	return res
 }
 
-func (d *driver) runHost(ctx context.Context, dir string, res *RowResult) error {
+func (d *driver) runHost(ctx context.Context, dir string, clock rowClock, res *RowResult) error {
 	d.logf("%s: running the workloads on the host (chroot on an overlay of the image)", res.Spec)
 	logf, err := os.Create(filepath.Join(dir, "stderr.log"))
 	if err != nil {
@@ -151,8 +173,13 @@ func (d *driver) runHost(ctx context.Context, dir string, res *RowResult) error 
 	}
 	defer logf.Close()
 	var out bytes.Buffer
-	runErr := workload.RunOnHost(ctx, d.o.Image, append(d.scriptEnv(), "BENCH_ONLY="+d.o.Only), io.MultiWriter(&out, d.progress(res.Spec)), logf)
-	return d.finishOutput(res, out.String(), runErr, filepath.Join(dir, "stderr.log"))
+	res.BudgetSecs = d.scriptBudget(clock, 0, 0)
+	runErr := workload.RunOnHost(ctx, d.o.Image, append(d.scriptEnv(d.o.Reps, res.BudgetSecs), "BENCH_ONLY="+d.o.Only), io.MultiWriter(&out, d.progress(res.Spec)), logf)
+	err = d.finishOutput(res, out.String(), runErr, filepath.Join(dir, "stderr.log"))
+	if res.Output != nil {
+		res.RepsDone = res.Output.repsDone()
+	}
+	return err
 }
 
 func (d *driver) finishOutput(res *RowResult, out string, runErr error, stderrLog string) error {
@@ -172,8 +199,11 @@ func (d *driver) finishOutput(res *RowResult, out string, runErr error, stderrLo
 
 // runVM boots the row's pod through `kata-fsx run` (the shim's sandbox
 // code), runs the workload script as its container process, then boots
-// it again with /bin/echo for the remaining cold-start samples.
-func (d *driver) runVM(ctx context.Context, dir string, n int, r Row, res *RowResult) error {
+// it again with /bin/echo for the remaining cold-start samples. The
+// script's budget leaves room for those boots: --start-reps of them from
+// the workload boot on, each costing the slowest cold start seen in the
+// row so far, or defaultBootCost before there is one.
+func (d *driver) runVM(ctx context.Context, dir string, n int, r Row, clock rowClock, res *RowResult) error {
 	cfg, err := d.rowConfig(dir, r)
 	if err != nil {
 		return err
@@ -200,15 +230,27 @@ func (d *driver) runVM(ctx context.Context, dir string, n int, r Row, res *RowRe
 		}
 		rootfs = "raw:" + raw
 	}
-	only := d.o.Only
+	only, reps := d.o.Only, d.o.Reps
 	retried := false
+	var slowest time.Duration // of the row's boots so far
 	for boot := 0; boot < max(1, d.o.StartReps); boot++ {
 		cmd := []string{"/bin/echo", "started"}
 		what := "cold start"
 		if boot == 0 {
-			env := append(d.scriptEnv(), "BENCH_ONLY="+only)
+			perBoot := defaultBootCost
+			if slowest > 0 {
+				perBoot = slowest
+			}
+			budget := d.scriptBudget(clock, max(1, d.o.StartReps), perBoot)
+			if !retried {
+				res.BudgetSecs = budget
+			}
+			env := append(d.scriptEnv(reps, budget), "BENCH_ONLY="+only)
 			cmd = append(append([]string{"/usr/bin/env"}, env...), "/bin/bash", "-c", workload.Script, "workloads.sh")
 			what = "workloads"
+			if d.o.Budget > 0 {
+				what = fmt.Sprintf("workloads, up to %d repetitions within %d s", reps, budget)
+			}
 		}
 		d.logf("%s: boot %d (%s)", r.Spec, boot+1, what)
 		statsPath := filepath.Join(dir, fmt.Sprintf("stats%d.json", boot))
@@ -224,6 +266,9 @@ func (d *driver) runVM(ctx context.Context, dir string, n int, r Row, res *RowRe
 		}
 		stalled.stop()
 		st, raw, serr := readStats(statsPath)
+		if serr == nil {
+			slowest = max(slowest, time.Duration(st.coldStart()*float64(time.Second)))
+		}
 		if boot == 0 {
 			if serr == nil && !retried {
 				res.Stats = raw
@@ -232,18 +277,22 @@ func (d *driver) runVM(ctx context.Context, dir string, n int, r Row, res *RowRe
 			prev := res.Output
 			res.Output = nil
 			err := d.finishOutput(res, out.String(), runErr, stderrLog)
+			if res.Output != nil {
+				// A retry's repetitions continue the hung boot's.
+				res.RepsDone += res.Output.repsDone()
+			}
 			res.Output = merge(prev, res.Output)
 			if why != "" && !retried && res.Output != nil && ctx.Err() == nil {
 				// One more boot for what the hung one did not finish.
-				if rest := d.unfinished(res.Output, only, why); len(rest) > 0 {
-					d.logf("%s: %s; retrying %s in a new boot", r.Spec, why, strings.Join(rest, ","))
-					res.Output.Info["retried"] = why + "; a second boot ran " + strings.Join(rest, ",")
+				if rest, left := d.unfinished(res.Output, only, why, reps); len(rest) > 0 {
+					d.logf("%s: %s; retrying %s for %d repetitions in a new boot", r.Spec, why, strings.Join(rest, ","), left)
+					res.Output.Info["retried"] = fmt.Sprintf("%s; a second boot ran %s for up to %d repetitions", why, strings.Join(rest, ","), left)
 					if strings.HasPrefix(rootfs, "/") {
 						if err := os.RemoveAll(filepath.Join(rootfs, "bench", "work")); err != nil {
 							return err
 						}
 					}
-					only, retried = strings.Join(rest, ","), true
+					only, reps, retried = strings.Join(rest, ","), left, true
 					boot--
 					continue
 				}
@@ -440,7 +489,8 @@ func (w *stallWatch) stop() {
 	w.cancel()
 }
 
-// scriptOrder is the order the workload script runs its workloads in.
+// scriptOrder is the order the workload script runs its workloads in, in
+// every repetition.
 var scriptOrder = []string{"fio-seqread", "fio-seqwrite", "fio-randread", "fio-randwrite", "dbench",
 	"install", "chown", "stat", "find", "rg", "rm", "sqlite-insert", "sqlite-select"}
 
@@ -454,35 +504,55 @@ func syncedName(w string) (string, bool) {
 	return "", false
 }
 
-// unfinished lists, after a boot that hung, the selected workloads still to
-// run. The first unfinished one in script order is the one the guest hung
-// in: it is recorded as failed with why, so a retry does not hang on it
-// again; the others lose their partial samples and are listed.
-func (d *driver) unfinished(o *Output, only, why string) []string {
+// selected says whether the workload list only (empty = all) has w.
+func selected(only, w string) bool {
+	return only == "" || strings.Contains(","+only+",", ","+w+",")
+}
+
+// unfinished says, after a boot that hung, which selected workloads a retry
+// boot runs and for how many repetitions. The script runs repetition-major,
+// so the boot hung in the repetition after the last one it reported done,
+// in the first selected workload with no line for that repetition: that one
+// is charged as failed with why, so the retry does not hang on it again.
+// The others, less those that already failed (they would again), lose their
+// samples of the unfinished repetition and run again from it on. A boot that
+// finished its repetitions (it hung tearing down) has nothing left to run.
+func (d *driver) unfinished(o *Output, only, why string, reps int) ([]string, int) {
+	done := o.repsDone()
+	if done >= reps || o.Info["budget_stop"] != "" {
+		return nil, 0
+	}
+	k := done + 1
+	if o.hung == "" {
+		for _, w := range scriptOrder {
+			if selected(only, w) && o.tried[w] < k {
+				o.hung = w
+				break
+			}
+		}
+		if o.hung == "" {
+			// Every workload reported repetition k, yet k was not done: it
+			// hung in an untimed step nobody can be charged with.
+			return nil, 0
+		}
+		msg := fmt.Sprintf("rep %d: %s", k, why)
+		o.Failures[o.hung] = append(o.Failures[o.hung], msg)
+		if synced, ok := syncedName(o.hung); ok {
+			o.Failures[synced] = append(o.Failures[synced], msg)
+		}
+	}
 	var rest []string
 	for _, w := range scriptOrder {
-		if only != "" && !strings.Contains(","+only+",", ","+w+",") {
+		if !selected(only, w) || w == o.hung || len(o.Failures[w]) > 0 {
 			continue
 		}
-		if len(o.Samples[w]) >= d.o.Reps || len(o.Failures[w]) > 0 {
-			continue
-		}
-		synced, split := syncedName(w)
-		if len(rest) == 0 && o.Failures[w] == nil && why != "" && !o.hungRecorded {
-			o.Failures[w] = append(o.Failures[w], fmt.Sprintf("rep %d: %s", len(o.Samples[w])+1, why))
-			if split {
-				o.Failures[synced] = append(o.Failures[synced], fmt.Sprintf("rep %d: %s", len(o.Samples[w])+1, why))
-			}
-			o.hungRecorded = true
-			continue
-		}
-		delete(o.Samples, w)
-		if split {
-			delete(o.Samples, synced)
+		o.dropRep(w, k)
+		if synced, ok := syncedName(w); ok {
+			o.dropRep(synced, k)
 		}
 		rest = append(rest, w)
 	}
-	return rest
+	return rest, reps - done
 }
 
 // merge adds b's results to a's (a second boot of the same row).
