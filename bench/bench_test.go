@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"math"
 	"strings"
@@ -139,7 +140,7 @@ func TestSpeedup(t *testing.T) {
 // TestTargets checks the verdicts on a report with known numbers.
 func TestTargets(t *testing.T) {
 	row := func(spec, kind string, v map[string][]float64) *RowResult {
-		return &RowResult{Spec: spec, Kind: kind, Output: &Output{Samples: v, Info: map[string]string{}, Failures: map[string][]string{}}}
+		return &RowResult{Spec: spec, Kind: kind, RepsDone: 1, Output: &Output{Samples: v, Info: map[string]string{}, Failures: map[string][]string{}}}
 	}
 	rep := &Report{Host: map[string]string{"accel": "tcg"}, Rows: []*RowResult{
 		row("host", KindHost, map[string][]float64{"chown": {0.01}}),
@@ -158,11 +159,15 @@ func TestTargets(t *testing.T) {
 		"| chown -R node_modules ≥ 0.9x raw virtio-blk | 1.20x | yes |",
 		"Met 4 of 5.",
 		"**skipped**: DAX not supported by this QEMU",
-		"host (reference, not comparable under TCG)",
+		"| workload | host (reference, not comparable under TCG) | virtio-fs:cache=never |",
+		"No time budget",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}
+	}
+	if strings.Contains(md, "n=") || strings.Contains(md, "Compared from fewer") {
+		t.Errorf("rows that ran every repetition are marked short:\n%s", md)
 	}
 }
 
@@ -394,6 +399,66 @@ func TestBudgetFitsSlowHost(t *testing.T) {
 	t.Logf("matrix: %s", spent.Round(s))
 	if spent > 30*time.Minute {
 		t.Errorf("the default matrix takes %s with the budget, want under 30 min", spent.Round(s))
+	}
+}
+
+func TestReportMarksShortRows(t *testing.T) {
+	row := func(spec, kind string, done int, stop string, v map[string][]float64, cs ...float64) *RowResult {
+		return &RowResult{Spec: spec, Kind: kind, RepsDone: done, BudgetStop: stop, ColdStart: cs,
+			Output: &Output{Samples: v, Info: map[string]string{}, Failures: map[string][]string{}}}
+	}
+	stop := "after repetition 1 of 3: 300 s elapsed + 270 s for the longest repetition > BENCH_BUDGET_SECS=180"
+	rep := &Report{Host: map[string]string{"accel": "kvm"}, Rows: []*RowResult{
+		row("host", KindHost, 3, "", map[string][]float64{"chown": {0.5, 0.4, 0.6}}),
+		row("virtio-9p", KindVirtio9P, 1, stop, map[string][]float64{"chown": {22}, "install": {121}}, 5),
+		row("virtio-fs:cache=auto", KindVirtioFS, 3, "", map[string][]float64{"chown": {10, 11, 12}, "install": {50, 52, 51}, "stat": {9, 10, 11}}, 5, 6),
+		row("imagefs-blk", KindImagefsBlk, 1, stop, map[string][]float64{"chown": {1}, "install": {5}, "stat": {3}}, 4, 5),
+		// Short for another reason than the budget (a failed row).
+		row("virtio-blk", KindVirtioBlk, 2, "", map[string][]float64{"chown": {1.1, 1.3}, "install": {6, 7}}, 6, 7),
+	}}
+	o := Options{Baseline: "virtio-fs:cache=auto", Reps: 3, StartReps: 2, Budget: 28 * time.Minute, OutJSON: "x.json"}
+	md := Markdown(rep, o, map[string]string{})
+	for _, want := range []string{
+		"up to 3 repetitions each, within the time budget below",
+		"Time budget: 28m0s for the matrix",
+		"Rows that stopped before 3 repetitions because of it (marked n=… in the tables): `virtio-9p` (n=1), `imagefs-blk` (n=1).",
+		"| workload | host | virtio-9p (n=1, budget) | virtio-fs:cache=auto | imagefs-blk (n=1, budget) | virtio-blk (n=2) |",
+		"- `virtio-9p`: QEMU's 9p server (virtio-9p-pci, cache=mmap) on a copy of the image — ran 1 of 3 repetitions (time budget)",
+		"- `virtio-blk`: the same image exported raw, behind QEMU's own virtio-blk-pci with cache=none (the ceiling) — ran 2 of 3 repetitions\n",
+		// One sample is a value, not a range of one.
+		"| chown -R node_modules | 0.500 (0.400–0.600) | 22.0 | 11.0 (10.0–12.0) | 1.00 | 1.20 (1.10–1.30) |",
+		"| `virtio-9p` | 5.00 |",
+		"| `virtio-fs:cache=auto` | 5.50 (5.00–6.00) |",
+		// The ratio table and the targets work on n=1 medians, and say so.
+		"| virtio-9p (n=1, budget) | virtio-fs:cache=auto | imagefs-blk (n=1, budget) | virtio-blk (n=2) |",
+		"| chown -R node_modules ≥ 8x the best virtio-fs row | 11.0x (1.00 s vs 11.0 s on `virtio-fs:cache=auto`) | yes |",
+		"| stat every entry of node_modules ≥ 2x the best virtio-fs row | 3.3x",
+		"| chown -R node_modules ≥ 0.9x raw virtio-blk | 1.20x | yes |",
+		"Met 6 of 6. Compared from fewer than 3 repetitions: `imagefs-blk` (n=1, budget), `virtio-blk` (n=2).",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	for _, bad := range []string{"22.0 (22.0–22.0)", "5.00 (5.00–5.00)", "host (n=", "virtio-fs:cache=auto (n="} {
+		if strings.Contains(md, bad) {
+			t.Errorf("report has %q:\n%s", bad, md)
+		}
+	}
+
+	// No row stopped: the budget line says so.
+	for _, r := range rep.Rows {
+		r.RepsDone, r.BudgetStop = 3, ""
+	}
+	if md := Markdown(rep, o, map[string]string{}); !strings.Contains(md, "No row stopped early because of it.") || strings.Contains(md, "(n=") {
+		t.Errorf("report of full rows:\n%s", md)
+	}
+	js, err := json.Marshal(rep.Rows[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(js), `"reps_done":3`) {
+		t.Errorf("row JSON lacks reps_done: %s", js)
 	}
 }
 

@@ -235,9 +235,14 @@ func Markdown(rep *Report, o Options, charts map[string]string) string {
 	if h["accel"] == "tcg" {
 		b.WriteString(" (the guests are emulated: every VM row runs 10–50x slower than on KVM, and the **host row is a reference only, not comparable** with them)")
 	}
+	reps := fmt.Sprintf("%d repetitions each", o.Reps)
+	if o.Budget > 0 {
+		reps = fmt.Sprintf("up to %d repetitions each, within the time budget below", o.Reps)
+	}
 	fmt.Fprintf(&b, "; %s; host kernel %s; virtiofsd %s; raw virtio-blk aio %s. Guests: %d vCPU, %d MiB. "+
-		"Workloads: %d repetitions each (median, min–max in brackets), fio file %d MiB and %d s per job, dbench %d s, sqlite %d rows; cold start from %d boots per row.\n\n",
-		h["qemu"], h["kernel"], h["virtiofsd"], h["block_device_aio"], o.VCPUs, o.MemoryMiB, o.Reps, o.FioMB, o.FioSecs, o.DbenchSecs, o.SqliteRows, o.StartReps)
+		"Workloads: %s (median, min–max in brackets; a single sample has no range), fio file %d MiB and %d s per job, dbench %d s, sqlite %d rows; cold start from %d boots per row.\n\n",
+		h["qemu"], h["kernel"], h["virtiofsd"], h["block_device_aio"], o.VCPUs, o.MemoryMiB, reps, o.FioMB, o.FioSecs, o.DbenchSecs, o.SqliteRows, o.StartReps)
+	budgetNote(&b, rep, o)
 	b.WriteString("Rows:\n\n")
 	for _, r := range rep.Rows {
 		fmt.Fprintf(&b, "- `%s`: %s", r.Spec, describe(r))
@@ -246,6 +251,12 @@ func Markdown(rep *Report, o Options, charts map[string]string) string {
 			fmt.Fprintf(&b, " — **skipped**: %s", r.Skipped)
 		case r.Error != "":
 			fmt.Fprintf(&b, " — **failed**: %s", oneLine(r.Error, 500))
+		}
+		if r.Output != nil && r.RepsDone < o.Reps {
+			fmt.Fprintf(&b, " — ran %d of %d repetitions", r.RepsDone, o.Reps)
+			if r.BudgetStop != "" {
+				b.WriteString(" (time budget)")
+			}
 		}
 		if r.Output != nil && r.Output.Info["fio_mode"] != "" {
 			fmt.Fprintf(&b, " (fio: %s)", r.Output.Info["fio_mode"])
@@ -257,7 +268,7 @@ func Markdown(rep *Report, o Options, charts map[string]string) string {
 	for _, g := range groups() {
 		fmt.Fprintf(&b, "#### %s\n\n| workload |", g)
 		for _, r := range rows {
-			fmt.Fprintf(&b, " %s |", header(r, h))
+			fmt.Fprintf(&b, " %s |", header(r, h, o))
 		}
 		b.WriteString("\n|---|" + strings.Repeat("---:|", len(rows)) + "\n")
 		for _, w := range Workloads() {
@@ -276,7 +287,7 @@ func Markdown(rep *Report, o Options, charts map[string]string) string {
 		b.WriteString("\n")
 	}
 	ratioTable(&b, rep, o, charts)
-	targets(&b, rep)
+	targets(&b, rep, o)
 	resources(&b, rep)
 	var failed []string
 	for _, r := range rows {
@@ -293,11 +304,48 @@ func Markdown(rep *Report, o Options, charts map[string]string) string {
 	return b.String()
 }
 
-func header(r *RowResult, h map[string]string) string {
+func header(r *RowResult, h map[string]string, o Options) string {
 	if r.Kind == KindHost && h["accel"] == "tcg" {
-		return "host (reference, not comparable under TCG)"
+		return "host (reference, not comparable under TCG)" + repsNote(r, o.Reps)
 	}
-	return r.Spec
+	return r.Spec + repsNote(r, o.Reps)
+}
+
+// repsNote marks a measured row that ran fewer than reps repetitions, so a
+// reader sees its medians stand on fewer samples; "" for a full row.
+func repsNote(r *RowResult, reps int) string {
+	switch {
+	case r.Output == nil || r.RepsDone >= reps:
+		return ""
+	case r.BudgetStop != "":
+		return fmt.Sprintf(" (n=%d, budget)", r.RepsDone)
+	case r.RepsDone == 0:
+		return " (repetition 1 unfinished)"
+	}
+	return fmt.Sprintf(" (n=%d)", r.RepsDone)
+}
+
+// budgetNote says what the time budget was and which rows it cut short.
+func budgetNote(b *strings.Builder, rep *Report, o Options) {
+	if o.Budget <= 0 {
+		fmt.Fprintf(b, "No time budget (`--budget 0`): every row was to run all %d repetitions.\n\n", o.Reps)
+		return
+	}
+	fmt.Fprintf(b, "Time budget: %s for the matrix (`--budget`), shared out as each row starts: what is left of it divided by the rows still to run, "+
+		"less, for a VM row, its %d boots (%s each, or the slowest boot the row has had). "+
+		"Within its share a row always runs repetition 1 of every workload, then starts another repetition only if the time used so far plus its slowest repetition still fits. ",
+		o.Budget, o.StartReps, defaultBootCost)
+	var stopped []string
+	for _, r := range rep.Rows {
+		if r.Output != nil && r.BudgetStop != "" {
+			stopped = append(stopped, fmt.Sprintf("`%s` (n=%d)", r.Spec, r.RepsDone))
+		}
+	}
+	if len(stopped) == 0 {
+		b.WriteString("No row stopped early because of it.\n\n")
+		return
+	}
+	fmt.Fprintf(b, "Rows that stopped before %d repetitions because of it (marked n=… in the tables): %s.\n\n", o.Reps, strings.Join(stopped, ", "))
 }
 
 func cell(r *RowResult, w Workload) string {
@@ -311,10 +359,16 @@ func cell(r *RowResult, w Workload) string {
 		}
 		return "—"
 	}
+	return spread(st, func(v float64) string { return fmtValue(v, w.Unit) })
+}
+
+// spread is the median with the min–max range, or the lone value of a
+// single sample, which has no range to show.
+func spread(st Stats, f func(float64) string) string {
 	if st.N == 1 {
-		return fmtValue(st.Median, w.Unit)
+		return f(st.Median)
 	}
-	return fmt.Sprintf("%s (%s–%s)", fmtValue(st.Median, w.Unit), fmtValue(st.Min, w.Unit), fmtValue(st.Max, w.Unit))
+	return fmt.Sprintf("%s (%s–%s)", f(st.Median), f(st.Min), f(st.Max))
 }
 
 func describe(r *RowResult) string {
@@ -342,7 +396,7 @@ func ratioTable(b *strings.Builder, rep *Report, o Options, charts map[string]st
 	rows := vmRows(rep)
 	fmt.Fprintf(b, "#### Speed relative to `%s` (above 1 = faster; time_base / time_row, or throughput_row / throughput_base)\n\n| workload |", o.Baseline)
 	for _, r := range rows {
-		fmt.Fprintf(b, " %s |", r.Spec)
+		fmt.Fprintf(b, " %s |", r.Spec+repsNote(r, o.Reps))
 	}
 	b.WriteString("\n|---|" + strings.Repeat("---:|", len(rows)) + "\n")
 	for _, w := range Workloads() {
@@ -367,7 +421,7 @@ func ratioTable(b *strings.Builder, rep *Report, o Options, charts map[string]st
 // targets checks imagefs-blk against the issue's targets: at least 8x the
 // best virtio-fs row on chown -R and install, 2x on stat, and 0.9x of the
 // raw virtio-blk ceiling on every workload.
-func targets(b *strings.Builder, rep *Report) {
+func targets(b *strings.Builder, rep *Report, o Options) {
 	var img, raw *RowResult
 	var vfs []*RowResult
 	for _, r := range measured(rep) {
@@ -436,19 +490,29 @@ func targets(b *strings.Builder, rep *Report) {
 			fmt.Fprintf(b, "| %s ≥ 0.9x raw virtio-blk | %.2fx | %s |\n", w.Label, q, verdict(q >= 0.9))
 		}
 	}
-	fmt.Fprintf(b, "\nMet %d of %d.\n\n", met, total)
+	fmt.Fprintf(b, "\nMet %d of %d.", met, total)
+	var short []string
+	for _, r := range append([]*RowResult{img, raw}, vfs...) {
+		if r != nil && repsNote(r, o.Reps) != "" {
+			short = append(short, "`"+r.Spec+"`"+repsNote(r, o.Reps))
+		}
+	}
+	if len(short) > 0 {
+		fmt.Fprintf(b, " Compared from fewer than %d repetitions: %s.", o.Reps, strings.Join(short, ", "))
+	}
+	b.WriteString("\n\n")
 }
 
 func resources(b *strings.Builder, rep *Report) {
 	b.WriteString("#### Cold start, bytes read before the process starts, memory\n\n")
-	b.WriteString("| row | cold start, s | serving process | bytes it read, sandbox up → first output (rchar / read_bytes) | its private memory at the end (RssAnon) | its peak RSS | QEMU peak RSS | guest page cache after the read workloads |\n|---|---:|---|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| row | cold start, s | serving process | bytes it read, sandbox up → first output (rchar / read_bytes) | its private memory at the end (RssAnon) | its peak RSS | QEMU peak RSS | guest page cache after repetition 1's read workloads |\n|---|---:|---|---:|---:|---:|---:|---:|\n")
 	for _, r := range measured(rep) {
 		if r.Kind == KindHost {
 			continue
 		}
 		cs := "—"
 		if st, ok := Summarize(r.ColdStart); ok {
-			cs = fmt.Sprintf("%.2f (%.2f–%.2f)", st.Median, st.Min, st.Max)
+			cs = spread(st, func(v float64) string { return fmt.Sprintf("%.2f", v) })
 		}
 		rss, anon := "—", "—"
 		if r.ServingHWMKiB > 0 && r.Serving != "qemu" {
