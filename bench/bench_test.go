@@ -420,7 +420,7 @@ func TestReportMarksShortRows(t *testing.T) {
 	md := Markdown(rep, o, map[string]string{})
 	for _, want := range []string{
 		"up to 3 repetitions each, within the time budget below",
-		"Time budget: 28m0s for the matrix",
+		"Time budget: 28 min for the matrix (`--budget`), shared out as each row starts: what is left of it divided by the rows still to run, less, for a VM row, its 2 boots (15 s each,",
 		"Rows that stopped before 3 repetitions because of it (marked n=… in the tables): `virtio-9p` (n=1), `imagefs-blk` (n=1).",
 		"| workload | host | virtio-9p (n=1, budget) | virtio-fs:cache=auto | imagefs-blk (n=1, budget) | virtio-blk (n=2) |",
 		"- `virtio-9p`: QEMU's 9p server (virtio-9p-pci, cache=mmap) on a copy of the image — ran 1 of 3 repetitions (time budget)",

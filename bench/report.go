@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/kata-fsx/kata-fsx/bench/chart"
 )
@@ -325,6 +326,15 @@ func repsNote(r *RowResult, reps int) string {
 	return fmt.Sprintf(" (n=%d)", r.RepsDone)
 }
 
+// fmtDuration writes whole minutes as such and anything else in seconds,
+// as the rest of the report does.
+func fmtDuration(d time.Duration) string {
+	if d >= time.Minute && d%time.Minute == 0 {
+		return fmt.Sprintf("%d min", d/time.Minute)
+	}
+	return fmt.Sprintf("%.0f s", d.Seconds())
+}
+
 // budgetNote says what the time budget was and which rows it cut short.
 func budgetNote(b *strings.Builder, rep *Report, o Options) {
 	if o.Budget <= 0 {
@@ -334,7 +344,7 @@ func budgetNote(b *strings.Builder, rep *Report, o Options) {
 	fmt.Fprintf(b, "Time budget: %s for the matrix (`--budget`), shared out as each row starts: what is left of it divided by the rows still to run, "+
 		"less, for a VM row, its %d boots (%s each, or the slowest boot the row has had). "+
 		"Within its share a row always runs repetition 1 of every workload, then starts another repetition only if the time used so far plus its slowest repetition still fits. ",
-		o.Budget, o.StartReps, defaultBootCost)
+		fmtDuration(o.Budget), o.StartReps, fmtDuration(defaultBootCost))
 	var stopped []string
 	for _, r := range rep.Rows {
 		if r.Output != nil && r.BudgetStop != "" {
