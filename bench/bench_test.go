@@ -162,9 +162,7 @@ func TestTargets(t *testing.T) {
 		"| workload | host (reference, not comparable under TCG) | virtio-fs:cache=never |",
 		"No time budget",
 	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("report lacks %q:\n%s", want, md)
-		}
+		reportHas(t, md, want)
 	}
 	if strings.Contains(md, "n=") || strings.Contains(md, "Compared from fewer") {
 		t.Errorf("rows that ran every repetition are marked short:\n%s", md)
@@ -436,9 +434,7 @@ func TestReportMarksShortRows(t *testing.T) {
 		"| chown -R node_modules ≥ 0.9x raw virtio-blk | 1.20x | yes |",
 		"Met 6 of 6. Compared from fewer than 3 repetitions: `imagefs-blk` (n=1, budget), `virtio-blk` (n=2).",
 	} {
-		if !strings.Contains(md, want) {
-			t.Errorf("report lacks %q:\n%s", want, md)
-		}
+		reportHas(t, md, want)
 	}
 	for _, bad := range []string{"22.0 (22.0–22.0)", "5.00 (5.00–5.00)", "host (n=", "virtio-fs:cache=auto (n="} {
 		if strings.Contains(md, bad) {
@@ -466,5 +462,13 @@ func TestMainRejectsNegativeBudget(t *testing.T) {
 	var stderr strings.Builder
 	if rc := Main(context.Background(), []string{"--image", t.TempDir(), "--budget", "-1m"}, io.Discard, &stderr, ""); rc != 2 || !strings.Contains(stderr.String(), "--budget") {
 		t.Fatalf("--budget -1m: exit %d, stderr %q; want 2 and a --budget message", rc, stderr.String())
+	}
+}
+
+// reportHas fails t when the report md lacks want.
+func reportHas(t *testing.T, md, want string) {
+	t.Helper()
+	if !strings.Contains(md, want) {
+		t.Errorf("report lacks %q:\n%s", want, md)
 	}
 }
