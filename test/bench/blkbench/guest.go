@@ -52,7 +52,7 @@ type benchDisk struct {
 // once, plus root, a read-only tools disk that is the container's root so
 // no disk under test also serves the binaries. Each disk is mounted the way
 // the shim mounts an imagefs-blk rootfs (storage driver "blk", source the
-// device's PCI path) and bound into the container at /disks/LABEL; the
+// device's PCI path) and appears in the container at /disks/LABEL; the
 // benchmark script then runs in the container and the VM is torn down.
 func bootAndMeasure(ctx context.Context, s vmSettings, dir string, root hypervisor.Device, disks []benchDisk) (_ *guestRun, err error) {
 	sock := filepath.Join(dir, "agent.sock")
@@ -134,14 +134,10 @@ func bootAndMeasure(ctx context.Context, s vmSettings, dir string, root hypervis
 	if err != nil {
 		return nil, err
 	}
+	// The disks under test are mounted on /disks/X inside the root's mount
+	// point, after it: the container's root is bound recursively, so they
+	// appear there, and the agent's default mounts (proc, sys, dev) stay.
 	storages := []*pb.Storage{{Driver: "blk", Source: rootPath, Fstype: "ext4", MountPoint: mp, Options: []string{"ro"}}}
-	mounts := []*pb.Mount{
-		{Destination: "/proc", Source: "proc", Type: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
-		{Destination: "/sys", Source: "sysfs", Type: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-		{Destination: "/dev", Source: "devtmpfs", Type: "devtmpfs", Options: []string{"nosuid", "mode=755"}},
-		{Destination: "/dev/shm", Source: "shm", Type: "tmpfs", Options: []string{"nosuid", "nodev", "noexec", "mode=1777"}},
-		{Destination: "/tmp", Source: "tmpfs", Type: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
-	}
 	args := []string{"/bin/bash", "/bench/run.sh", strconv.Itoa(s.files), strconv.Itoa(s.dirs), strconv.Itoa(s.reps),
 		strconv.Itoa(s.fioSecs), strconv.Itoa(s.fioMiB), s.only}
 	for _, d := range disks {
@@ -149,16 +145,13 @@ func bootAndMeasure(ctx context.Context, s vmSettings, dir string, root hypervis
 		if err != nil {
 			return nil, err
 		}
-		at := "/run/blkbench/" + d.label
-		storages = append(storages, &pb.Storage{Driver: "blk", Source: p, Fstype: "ext4", MountPoint: at})
-		mounts = append(mounts, &pb.Mount{Destination: "/disks/" + d.label, Source: at, Type: "bind", Options: []string{"rbind"}})
+		storages = append(storages, &pb.Storage{Driver: "blk", Source: p, Fstype: "ext4", MountPoint: mp + "/disks/" + d.label})
 		args = append(args, d.label)
 	}
 	spec := &pb.Spec{
 		Version:  "1.1.0",
 		Hostname: "blkbench",
 		Root:     &pb.Root{Path: mp, Readonly: true},
-		Mounts:   mounts,
 		Process: &pb.Process{
 			User: &pb.User{},
 			Args: args,
