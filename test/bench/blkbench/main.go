@@ -88,15 +88,14 @@ func main() {
 	}
 }
 
-// backendResult is one backend's boot.
+// backendResult is one disk under test: its samples from the shared guest.
 type backendResult struct {
-	Label       string               `json:"label"`
-	Name        string               `json:"name"`
-	Device      string               `json:"device"`
-	Host        string               `json:"host_side"`
-	BootSeconds float64              `json:"boot_seconds,omitempty"`
-	Samples     map[string][]float64 `json:"samples"`
-	Error       string               `json:"error,omitempty"`
+	Label   string               `json:"label"`
+	Name    string               `json:"name"`
+	Device  string               `json:"device"`
+	Host    string               `json:"host_side"`
+	Samples map[string][]float64 `json:"samples"`
+	Error   string               `json:"error,omitempty"`
 }
 
 func run(ctx context.Context, o options) (err error) {
