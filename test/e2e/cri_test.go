@@ -147,11 +147,8 @@ func TestCRIPods(t *testing.T) {
 		t.Errorf("containers listed after their pods' removal: %v (%v)", l, err)
 	}
 	// The shims exit on their own once their pod's last task is deleted.
-	for ctx.Err() == nil && len(processesMentioning(c.sock)) > 0 {
-		time.Sleep(100 * time.Millisecond)
-	}
-	if pids := processesMentioning(c.sock); len(pids) > 0 {
-		t.Errorf("shim, QEMU or virtiofsd still running after RemovePodSandbox: %v", pids)
+	if left := lingering(ctx, c.sock); len(left) > 0 {
+		t.Errorf("shim, QEMU or virtiofsd still running after RemovePodSandbox: %v", left)
 	}
 }
 

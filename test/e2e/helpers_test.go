@@ -190,10 +190,12 @@ func (e *env) run(ctx context.Context, args ...string) result {
 func (e *env) assertNothingLeft() {
 	t := e.t
 	if pids := processesMentioning(e.dir); len(pids) > 0 {
-		t.Errorf("processes left behind: %v", pids)
+		left := make([]string, 0, len(pids))
 		for _, p := range pids {
+			left = append(left, describeProcess(p))
 			syscallKill(p)
 		}
+		t.Errorf("processes left behind: %v", left)
 	}
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
 	for _, l := range strings.Split(string(mounts), "\n") {
@@ -208,6 +210,27 @@ func (e *env) assertNothingLeft() {
 		}
 		t.Errorf("state left behind: %s", filepath.Join(e.stateDir, en.Name()))
 	}
+}
+
+// lingering waits, until ctx ends, for the processes whose command line
+// mentions s to exit, and describes those that did not. Shims exit after
+// replying to containerd's Shutdown, so for a moment they outlive the
+// ctr command that deleted their pod.
+func lingering(ctx context.Context, s string) []string {
+	for ctx.Err() == nil && len(processesMentioning(s)) > 0 {
+		time.Sleep(100 * time.Millisecond)
+	}
+	var left []string
+	for _, pid := range processesMentioning(s) {
+		left = append(left, describeProcess(pid))
+	}
+	return left
+}
+
+// describeProcess names a process by its pid and command line.
+func describeProcess(pid int) string {
+	b, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	return fmt.Sprintf("%d (%s)", pid, strings.ReplaceAll(strings.TrimRight(string(b), "\x00"), "\x00", " "))
 }
 
 func processesMentioning(s string) []int {

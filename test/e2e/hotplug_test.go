@@ -172,11 +172,8 @@ func TestShimContainerdHotplugBlk(t *testing.T) {
 		t.Fatalf("container delete: %s", r.stderr)
 	}
 	// The shim exits once containerd shut it down after the pod's last task.
-	for ctx.Err() == nil && len(processesMentioning(ce.sock)) > 0 {
-		time.Sleep(100 * time.Millisecond)
-	}
-	if pids := processesMentioning(ce.sock); len(pids) > 0 {
-		t.Errorf("shim still running after the pod's delete: %v", pids)
+	if left := lingering(ctx, ce.sock); len(left) > 0 {
+		t.Errorf("shim still running after the pod's delete: %v", left)
 	}
 	if _, err := os.Stat(sandboxDir); !os.IsNotExist(err) {
 		t.Errorf("sandbox directory %s survived the pod (%v)", sandboxDir, err)
