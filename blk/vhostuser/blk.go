@@ -181,15 +181,7 @@ func (h *blkHandler) span(sector, n uint64) (int64, bool) {
 	if n%sectorSize != 0 || n > h.cfg.maxRequestBytes {
 		return 0, false
 	}
-	hi, off := bits.Mul64(sector, sectorSize)
-	if hi != 0 {
-		return 0, false
-	}
-	end, carry := bits.Add64(off, n, 0)
-	if carry != 0 || end > h.cfg.capacity*sectorSize {
-		return 0, false
-	}
-	return int64(off), true
+	return h.spanUncapped(sector, n)
 }
 
 // readInto reads n bytes at off straight into the writable buffers (the

@@ -171,7 +171,13 @@ type result struct {
 // run runs bin/kata-fsx with the env's config and a deadline.
 func (e *env) run(ctx context.Context, args ...string) result {
 	e.t.Helper()
-	cmd := exec.CommandContext(ctx, kataFSX(e.t), append([]string{args[0], "--config", e.config}, args[1:]...)...)
+	return runCmd(e.t, exec.CommandContext(ctx, kataFSX(e.t), append([]string{args[0], "--config", e.config}, args[1:]...)...))
+}
+
+// runCmd runs cmd and returns what it printed and its exit code; a
+// command that cannot be run at all fails the test.
+func runCmd(t *testing.T, cmd *exec.Cmd) result {
+	t.Helper()
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	start := time.Now()
@@ -180,7 +186,7 @@ func (e *env) run(ctx context.Context, args ...string) result {
 	if ee, ok := err.(*exec.ExitError); ok {
 		r.code = ee.ExitCode()
 	} else if err != nil {
-		e.t.Fatalf("kata-fsx %v: %v\n%s", args, err, r.stderr)
+		t.Fatalf("%v: %v\n%s", cmd.Args, err, r.stderr)
 	}
 	return r
 }

@@ -192,17 +192,7 @@ func (ce *containerdEnv) ctrIn(ctx context.Context, stdin io.Reader, args ...str
 	ce.t.Helper()
 	cmd := exec.CommandContext(ctx, "/usr/bin/ctr", append([]string{"-a", ce.sock, "-n", "test"}, args...)...)
 	cmd.Stdin = stdin
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	start := time.Now()
-	err := cmd.Run()
-	r := result{stdout: out.String(), stderr: errb.String(), took: time.Since(start)}
-	if ee, ok := err.(*exec.ExitError); ok {
-		r.code = ee.ExitCode()
-	} else if err != nil {
-		ce.t.Fatalf("ctr %v: %v\n%s", args, err, r.stderr)
-	}
-	return r
+	return runCmd(ce.t, cmd)
 }
 
 // importBusybox writes the busybox rootfs as a docker-archive image and
