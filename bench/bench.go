@@ -278,10 +278,7 @@ func (d *driver) probeHost(ctx context.Context) error {
 		d.host["kernel"] = strings.TrimSpace(string(b))
 	}
 	// One accelerator verdict for every row, so no row pays the KVM boot probe.
-	accel, why := hypervisor.Accel(d.base.KataFSX.Accelerator), "set by kata_fsx.accelerator"
-	if d.base.KataFSX.Accelerator == config.AccelAuto {
-		accel, why = hypervisor.ResolveAccel(ctx, q.Path, q.Kernel, d.base.KataFSX.StateDir)
-	}
+	accel, why := hypervisor.ChooseAccel(ctx, d.base.KataFSX.Accelerator, q.Path, q.Kernel, d.base.KataFSX.StateDir)
 	d.accel, d.caps.Accel = string(accel), string(accel)
 	d.host["accel"], d.host["accel_reason"] = string(accel), why
 	d.aio, d.host["block_device_aio"] = d.probeAIO(ctx)

@@ -44,14 +44,7 @@ func probeHost(ctx context.Context, c *config.Config) *hostState {
 	if q.VirtioFSDaemon != "" {
 		h.daemon, h.daemonErr = virtiofs.Detect(ctx, q.VirtioFSDaemon)
 	}
-	switch c.KataFSX.Accelerator {
-	case config.AccelKVM:
-		h.accel, h.accelWhy = hypervisor.AccelKVM, "kata_fsx.accelerator = \"kvm\""
-	case config.AccelTCG:
-		h.accel, h.accelWhy = hypervisor.AccelTCG, "kata_fsx.accelerator = \"tcg\""
-	default:
-		h.accel, h.accelWhy = hypervisor.ResolveAccel(ctx, q.Path, q.Kernel, AccelCacheDir(c))
-	}
+	h.accel, h.accelWhy = hypervisor.ChooseAccel(ctx, c.KataFSX.Accelerator, q.Path, q.Kernel, AccelCacheDir(c))
 	h.vsock, h.vsockWhy = hypervisor.VsockAvailable()
 	h.memfd, h.memfdWhy = hypervisor.MemfdAvailable()
 	h.mem = readMeminfo()

@@ -22,6 +22,16 @@ type accelVerdict struct {
 	Reason string `json:"reason"`
 }
 
+// ChooseAccel resolves a kata_fsx.accelerator setting: "kvm" and "tcg"
+// stand as written, anything else ("auto") is ResolveAccel's verdict.
+func ChooseAccel(ctx context.Context, setting, qemuPath, kernel, cacheDir string) (Accel, string) {
+	switch a := Accel(setting); a {
+	case AccelKVM, AccelTCG:
+		return a, fmt.Sprintf("kata_fsx.accelerator = %q", setting)
+	}
+	return ResolveAccel(ctx, qemuPath, kernel, cacheDir)
+}
+
 // ResolveAccel is accelerator = "auto": KVM when DetectAccel accepts
 // /dev/kvm and the guest kernel really boots under it (ProbeBoot), else
 // TCG with the reason. The boot probe costs up to kvmBootTimeout, so its

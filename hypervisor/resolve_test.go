@@ -47,3 +47,23 @@ func TestResolveAccelUsesAndRefreshesCache(t *testing.T) {
 		t.Fatalf("stale cache used: %s", a)
 	}
 }
+
+// TestChooseAccel: an explicit setting stands without any probe; auto is
+// ResolveAccel's verdict (with no kernel, DetectAccel's).
+func TestChooseAccel(t *testing.T) {
+	ctx := context.Background()
+	for _, s := range []string{"kvm", "tcg"} {
+		a, why := ChooseAccel(ctx, s, "/nonexistent/qemu", "", "")
+		if string(a) != s || why != `kata_fsx.accelerator = "`+s+`"` {
+			t.Errorf("ChooseAccel(%q) = %s, %q", s, a, why)
+		}
+	}
+	qemu := qemuBinaryOrEmpty()
+	if qemu == "" {
+		t.Skip("qemu-system-x86_64 not installed")
+	}
+	want, wantWhy := DetectAccel(ctx, qemu)
+	if a, why := ChooseAccel(ctx, "auto", qemu, "", ""); a != want || why != wantWhy {
+		t.Errorf("ChooseAccel(auto) = %s, %q; DetectAccel says %s, %q", a, why, want, wantWhy)
+	}
+}

@@ -29,16 +29,9 @@ func probe(ctx context.Context, c *config.Config) (*hostProbe, error) {
 		return nil, fmt.Errorf("hypervisor.qemu.path: %w", err)
 	}
 	h.facts.QEMUProbed, h.facts.QEMUHasDAX = true, h.caps.DAX
-	switch c.KataFSX.Accelerator {
-	case config.AccelKVM:
-		h.accel = hypervisor.AccelKVM
-	case config.AccelTCG:
-		h.accel = hypervisor.AccelTCG
-	default:
-		var why string
-		if h.accel, why = hypervisor.ResolveAccel(ctx, q.Path, q.Kernel, c.KataFSX.StateDir); h.accel == hypervisor.AccelTCG {
-			logWarn(ctx, "no KVM (%s): the guest runs under TCG, slowly", why)
-		}
+	var why string
+	if h.accel, why = hypervisor.ChooseAccel(ctx, c.KataFSX.Accelerator, q.Path, q.Kernel, c.KataFSX.StateDir); h.accel == hypervisor.AccelTCG && c.KataFSX.Accelerator != config.AccelTCG {
+		logWarn(ctx, "no KVM (%s): the guest runs under TCG, slowly", why)
 	}
 	switch c.KataFSX.AgentTransport {
 	case config.TransportVsock:
