@@ -42,11 +42,6 @@ func writeReport(rep *Report, o Options, stdout io.Writer) error {
 		return err
 	}
 	md := Markdown(rep, o, charts)
-	if _, err := os.Stat(o.OutMD); os.IsNotExist(err) {
-		if err := os.WriteFile(o.OutMD, []byte("# kata-fsx benchmarks\n\n<!-- "+sectionName+":start -->\n<!-- "+sectionName+":end -->\n"), 0o644); err != nil {
-			return err
-		}
-	}
 	if err := ReplaceSection(o.OutMD, sectionName, md); err != nil {
 		return err
 	}
@@ -55,19 +50,29 @@ func writeReport(rep *Report, o Options, stdout io.Writer) error {
 }
 
 // ReplaceSection rewrites the text between <!-- NAME:start --> and
-// <!-- NAME:end --> in path, so a run updates only its own part.
+// <!-- NAME:end --> in path, so a run updates only its own part. A file
+// without the section gets it appended, and a missing file is created:
+// results that took half an hour to measure are never lost to a file
+// that was not prepared.
 func ReplaceSection(path, name, body string) error {
 	start, end := "<!-- "+name+":start -->", "<!-- "+name+":end -->"
 	old, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		old, err = []byte("# kata-fsx benchmarks\n"), nil
+	}
 	if err != nil {
 		return err
 	}
 	s := string(old)
 	i, j := strings.Index(s, start), strings.Index(s, end)
 	if i < 0 || j < i {
-		return fmt.Errorf("%s has no %s ... %s markers", path, start, end)
+		s = strings.TrimRight(s, "\n") + "\n\n" + start + "\n" + body + end + "\n"
+	} else {
+		s = s[:i+len(start)] + "\n" + body + s[j:]
 	}
-	s = s[:i+len(start)] + "\n" + body + s[j:]
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
 	return os.WriteFile(path, []byte(s), 0o644)
 }
 
