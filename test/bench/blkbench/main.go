@@ -464,6 +464,10 @@ func markdown(res map[string]any, results []*backendResult, o options, goBench s
 		meds := make([]float64, len(results))
 		for i, r := range results {
 			v := r.Samples[w.key]
+			if r.Error == errNotBooted.Error() {
+				cells[i] = "not run"
+				continue
+			}
 			if r.Error != "" || len(v) == 0 {
 				cells[i] = "failed"
 				continue

@@ -86,3 +86,25 @@ func TestGuestScriptParses(t *testing.T) {
 		t.Fatalf("bash -n: %v: %s", err, out)
 	}
 }
+
+// TestMarkdownLeftOutDisk: a disk left out with -backends reads "not run"
+// in the table, a disk that produced nothing reads "failed".
+func TestMarkdownLeftOutDisk(t *testing.T) {
+	o := options{only: "seqread", reps: 1, files: 10, dirs: 1, fioMiB: 1, imageMiB: 1}
+	res := []*backendResult{
+		{Label: "(a) imagefs-blk", Samples: map[string][]float64{"seqread": {100}}},
+		{Label: "(b) virtio-blk", Samples: map[string][]float64{"seqread": {100}}},
+		{Label: "(c) qsd", Samples: map[string][]float64{}, Error: errNotBooted.Error()},
+		{Label: "(d) writeback", Samples: map[string][]float64{}},
+	}
+	md := markdown(map[string]any{}, res, o, "", map[string]string{}, 1)
+	var row string
+	for _, l := range strings.Split(md, "\n") {
+		if strings.HasPrefix(l, "| fio 128k seqread") {
+			row = l
+		}
+	}
+	if !strings.Contains(row, "| not run |") || !strings.Contains(row, "| failed |") {
+		t.Errorf("seqread row %q: want c 'not run' and d 'failed'", row)
+	}
+}
