@@ -14,7 +14,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
-	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
+	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
 

@@ -7,7 +7,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
+	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 )
 
 // guestSandboxShm is where the sandbox's ephemeral shm storage is mounted in the guest.

@@ -13,8 +13,8 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
-	"github.com/kata-fsx/kata-fsx/shim/agent"
-	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
+	"github.com/kata-fsx/kata-fsx/agent"
+	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 )
 
 // procState is where a task process is in its life; the only moves are

@@ -17,8 +17,8 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
-	"github.com/kata-fsx/kata-fsx/shim/agent"
-	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
+	"github.com/kata-fsx/kata-fsx/agent"
+	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
 

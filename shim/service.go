@@ -26,7 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kata-fsx/kata-fsx/config"
-	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
+	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 )
 
 // ioGrace bounds how long an exited process's output may still drain.

@@ -51,7 +51,7 @@ KVERSION=$(apt-cache show --no-all-versions "$KPKG" | sed -n 's/^Version: //p' |
 BBVERSION=$(apt-cache show --no-all-versions busybox-static | sed -n 's/^Version: //p' | head -n1)
 [ -n "$KVERSION" ] && [ -n "$BBVERSION" ] || { log "apt-cache knows no version for $KPKG or busybox-static (run apt-get update)"; exit 1; }
 GOVERSION=$(cd "$ROOT" && go env GOVERSION)
-AGENTSUM=$(cd "$ROOT" && cat go.mod go.sum test/guest/agent/*.go shim/agent/protocols/*.go | sha256sum | cut -d' ' -f1)
+AGENTSUM=$(cd "$ROOT" && cat go.mod go.sum test/guest/agent/*.go agent/protocols/*.go | sha256sum | cut -d' ' -f1)
 SCRIPTSUM=$(sha256sum "$HERE/build.sh" | cut -d' ' -f1)
 KEY=$(printf '%s\n' "$KPKG=$KVERSION" "busybox-static=$BBVERSION" "$GOVERSION" "$AGENTSUM" "$SCRIPTSUM" "$CHANNEL_MODULES" "$STORAGE_MODULES" |
 	sha256sum | cut -d' ' -f1)

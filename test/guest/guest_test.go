@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kata-fsx/kata-fsx/shim/agent"
-	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
+	"github.com/kata-fsx/kata-fsx/agent"
+	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 )
 
 const (

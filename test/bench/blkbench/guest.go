@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/hypervisor"
-	"github.com/kata-fsx/kata-fsx/shim/agent"
-	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
+	"github.com/kata-fsx/kata-fsx/agent"
+	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 )
 
 // vmSettings is what every guest of the run shares.

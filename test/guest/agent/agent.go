@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 
-	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
+	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 )
 
 // sharedContainersDir is where Kata's shared directory is mounted; relative

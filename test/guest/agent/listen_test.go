@@ -12,8 +12,8 @@ import (
 	"github.com/containerd/ttrpc"
 	"golang.org/x/sys/unix"
 
-	hostagent "github.com/kata-fsx/kata-fsx/shim/agent"
-	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
+	hostagent "github.com/kata-fsx/kata-fsx/agent"
+	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 )
 
 // fifoPort stands in for a virtio-serial port (mock: the real one exists only

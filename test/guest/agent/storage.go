@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
+	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 )
 
 // blkWaitTimeout bounds the wait for a (possibly hot-plugged) block device.

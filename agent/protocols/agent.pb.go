@@ -1435,7 +1435,7 @@ const file_agent_proto_rawDesc = "" +
 	"CloseStdin\x12\x17.grpc.CloseStdinRequest\x1a\x16.google.protobuf.Empty\x12A\n" +
 	"\fTtyWinResize\x12\x19.grpc.TtyWinResizeRequest\x1a\x16.google.protobuf.Empty\x12C\n" +
 	"\rCreateSandbox\x12\x1a.grpc.CreateSandboxRequest\x1a\x16.google.protobuf.Empty\x12E\n" +
-	"\x0eDestroySandbox\x12\x1b.grpc.DestroySandboxRequest\x1a\x16.google.protobuf.EmptyB3Z1github.com/kata-fsx/kata-fsx/shim/agent/protocolsb\x06proto3"
+	"\x0eDestroySandbox\x12\x1b.grpc.DestroySandboxRequest\x1a\x16.google.protobuf.EmptyB.Z,github.com/kata-fsx/kata-fsx/agent/protocolsb\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once

@@ -233,7 +233,7 @@ const file_health_proto_rawDesc = "" +
 	"\ragent_version\x18\x02 \x01(\tR\fagentVersion2{\n" +
 	"\x06Health\x126\n" +
 	"\x05Check\x12\x12.grpc.CheckRequest\x1a\x19.grpc.HealthCheckResponse\x129\n" +
-	"\aVersion\x12\x12.grpc.CheckRequest\x1a\x1a.grpc.VersionCheckResponseB3Z1github.com/kata-fsx/kata-fsx/shim/agent/protocolsb\x06proto3"
+	"\aVersion\x12\x12.grpc.CheckRequest\x1a\x1a.grpc.VersionCheckResponseB.Z,github.com/kata-fsx/kata-fsx/agent/protocolsb\x06proto3"
 
 var (
 	file_health_proto_rawDescOnce sync.Once

@@ -14,7 +14,7 @@ import (
 
 	"github.com/containerd/ttrpc"
 
-	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
+	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 )
 
 // DefaultDialTimeout applies when Dial is given a zero timeout.

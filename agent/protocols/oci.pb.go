@@ -636,7 +636,7 @@ const file_oci_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"8\n" +
 	"\x0eLinuxNamespace\x12\x12\n" +
 	"\x04Type\x18\x01 \x01(\tR\x04Type\x12\x12\n" +
-	"\x04Path\x18\x02 \x01(\tR\x04PathB3Z1github.com/kata-fsx/kata-fsx/shim/agent/protocolsb\x06proto3"
+	"\x04Path\x18\x02 \x01(\tR\x04PathB.Z,github.com/kata-fsx/kata-fsx/agent/protocolsb\x06proto3"
 
 var (
 	file_oci_proto_rawDescOnce sync.Once

@@ -21,7 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/emptypb"
 
-	pb "github.com/kata-fsx/kata-fsx/shim/agent/protocols"
+	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 )
 
 // fakeAgent is an in-process stand-in for the guest agent (the real one runs
