@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kata-fsx/kata-fsx/mount"
 )
 
 const (
@@ -202,7 +204,7 @@ func mountInRootfs(root string, m mountEntry) error {
 	if err := mkdirNoSymlinks(root, dest); err != nil {
 		return fmt.Errorf("mount %s: %w", m.Destination, err)
 	}
-	flags, data := parseMountOptions(m.Options)
+	flags, data := mount.ParseOptions(m.Options)
 	typ := m.Type
 	if typ == "bind" {
 		typ = ""

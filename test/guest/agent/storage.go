@@ -14,50 +14,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
+	"github.com/kata-fsx/kata-fsx/mount"
 )
 
 // blkWaitTimeout bounds the wait for a (possibly hot-plugged) block device.
 const blkWaitTimeout = 20 * time.Second
-
-// mountFlags maps mount(8) option words to flags; the rest is fs data.
-var mountFlags = map[string]struct {
-	clear bool
-	flag  uintptr
-}{
-	"ro": {false, unix.MS_RDONLY}, "rw": {true, unix.MS_RDONLY},
-	"nosuid": {false, unix.MS_NOSUID}, "suid": {true, unix.MS_NOSUID},
-	"nodev": {false, unix.MS_NODEV}, "dev": {true, unix.MS_NODEV},
-	"noexec": {false, unix.MS_NOEXEC}, "exec": {true, unix.MS_NOEXEC},
-	"sync": {false, unix.MS_SYNCHRONOUS}, "async": {true, unix.MS_SYNCHRONOUS},
-	"dirsync": {false, unix.MS_DIRSYNC}, "remount": {false, unix.MS_REMOUNT},
-	"bind": {false, unix.MS_BIND}, "rbind": {false, unix.MS_BIND | unix.MS_REC},
-	"noatime": {false, unix.MS_NOATIME}, "atime": {true, unix.MS_NOATIME},
-	"nodiratime": {false, unix.MS_NODIRATIME}, "diratime": {true, unix.MS_NODIRATIME},
-	"relatime": {false, unix.MS_RELATIME}, "norelatime": {true, unix.MS_RELATIME},
-	"strictatime": {false, unix.MS_STRICTATIME},
-	"private":     {false, unix.MS_PRIVATE}, "rprivate": {false, unix.MS_PRIVATE | unix.MS_REC},
-	"shared": {false, unix.MS_SHARED}, "rshared": {false, unix.MS_SHARED | unix.MS_REC},
-	"slave": {false, unix.MS_SLAVE}, "rslave": {false, unix.MS_SLAVE | unix.MS_REC},
-	"defaults": {false, 0},
-}
-
-// parseMountOptions splits mount(8)-style options into flags and data.
-func parseMountOptions(opts []string) (uintptr, string) {
-	var flags uintptr
-	var data []string
-	for _, o := range opts {
-		if f, ok := mountFlags[o]; ok {
-			if f.clear {
-				flags &^= f.flag
-			} else {
-				flags |= f.flag
-			}
-			continue
-		}
-		data = append(data, o)
-	}
-	return flags, strings.Join(data, ",")
-}
 
 // mountStorage mounts one Kata Storage and returns its mount point.
 func mountStorage(ctx context.Context, s *pb.Storage) (string, error) {
@@ -69,7 +30,7 @@ func mountStorage(ctx context.Context, s *pb.Storage) (string, error) {
 	if err := os.MkdirAll(mp, 0o755); err != nil {
 		return "", fmt.Errorf("storage %q: %w", s.GetDriver(), err)
 	}
-	flags, data := parseMountOptions(s.GetOptions())
+	flags, data := mount.ParseOptions(s.GetOptions())
 	source, fstype := s.GetSource(), s.GetFstype()
 	switch s.GetDriver() {
 	case "virtio-fs":
