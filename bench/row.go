@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/bench/workload"
+	"github.com/kata-fsx/kata-fsx/sandbox"
 )
 
 // RowResult is everything measured for one row.
@@ -49,50 +50,31 @@ type RowResult struct {
 	Seconds float64         `json:"wall_seconds"`
 }
 
-// runStats is the part of `kata-fsx run --stats-file` the driver reads.
-type runStats struct {
-	StartSeconds       float64      `json:"start_seconds"`
-	FirstOutputSeconds float64      `json:"first_output_seconds"`
-	AtReady            []procSample `json:"at_ready"`
-	AtStart            []procSample `json:"at_start"`
-	AtFirstOutput      []procSample `json:"at_first_output"`
-	AtEnd              []procSample `json:"at_end"`
-}
-
 // coldStart is the time from `run` to the process's first output, the
 // first moment it provably runs; the agent's start report when it printed nothing.
-func (st *runStats) coldStart() float64 {
+func coldStart(st *sandbox.RunStats) float64 {
 	if st.FirstOutputSeconds > 0 {
 		return st.FirstOutputSeconds
 	}
 	return st.StartSeconds
 }
 
-type procSample struct {
-	Role         string `json:"role"`
-	ServesRootfs bool   `json:"serves_rootfs"`
-	RChar        uint64 `json:"rchar"`
-	ReadBytes    uint64 `json:"read_bytes"`
-	HWMKiB       uint64 `json:"hwm_kib"`
-	AnonKiB      uint64 `json:"anon_kib"`
-}
-
-func serving(ps []procSample) (procSample, bool) {
+func serving(ps []sandbox.ProcessSample) (sandbox.ProcessSample, bool) {
 	for _, p := range ps {
 		if p.ServesRootfs {
 			return p, true
 		}
 	}
-	return procSample{}, false
+	return sandbox.ProcessSample{}, false
 }
 
-func role(ps []procSample, name string) (procSample, bool) {
+func role(ps []sandbox.ProcessSample, name string) (sandbox.ProcessSample, bool) {
 	for _, p := range ps {
 		if p.Role == name {
 			return p, true
 		}
 	}
-	return procSample{}, false
+	return sandbox.ProcessSample{}, false
 }
 
 // scriptEnv is the workload script's configuration for a run of reps
@@ -267,7 +249,7 @@ func (d *driver) runVM(ctx context.Context, dir string, n int, r Row, clock rowC
 		stalled.stop()
 		st, raw, serr := readStats(statsPath)
 		if serr == nil {
-			slowest = max(slowest, time.Duration(st.coldStart()*float64(time.Second)))
+			slowest = max(slowest, time.Duration(coldStart(st)*float64(time.Second)))
 		}
 		if boot == 0 {
 			if serr == nil && !retried {
@@ -306,12 +288,12 @@ func (d *driver) runVM(ctx context.Context, dir string, n int, r Row, clock rowC
 		if serr != nil {
 			return serr
 		}
-		res.ColdStart = append(res.ColdStart, st.coldStart())
+		res.ColdStart = append(res.ColdStart, coldStart(st))
 	}
 	return nil
 }
 
-func (d *driver) recordStats(res *RowResult, st *runStats) {
+func (d *driver) recordStats(res *RowResult, st *sandbox.RunStats) {
 	at := st.AtFirstOutput
 	if len(at) == 0 {
 		at = st.AtStart
@@ -331,12 +313,12 @@ func (d *driver) recordStats(res *RowResult, st *runStats) {
 	}
 }
 
-func readStats(path string) (*runStats, json.RawMessage, error) {
+func readStats(path string) (*sandbox.RunStats, json.RawMessage, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("run stats: %w", err)
 	}
-	var st runStats
+	var st sandbox.RunStats
 	if err := json.Unmarshal(b, &st); err != nil {
 		return nil, nil, fmt.Errorf("run stats %s: %w", path, err)
 	}

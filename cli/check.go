@@ -33,7 +33,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	c, err := config.Load(*cfgPath, DevConfig())
+	c, err := config.Load(*cfgPath, config.DevPath())
 	if err != nil {
 		fmt.Fprintf(stdout, "%s  %-22s %v\n", fail, "configuration", err)
 		return 1

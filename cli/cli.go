@@ -1,5 +1,6 @@
-// Package cli implements the kata-fsx operator commands (env, check and
-// the image and run commands); cmd/kata-fsx is only its entry point.
+// Package cli implements the kata-fsx operator commands (env, check,
+// image, run, exec, bench); cmd/kata-fsx is only its entry point. run and
+// exec drive pods through package sandbox, as the shim does.
 package cli
 
 import (
@@ -8,6 +9,7 @@ import (
 	"io"
 
 	"github.com/kata-fsx/kata-fsx/bench"
+	"github.com/kata-fsx/kata-fsx/config"
 )
 
 // Version is kata-fsx's release, set at link time by the Makefile.
@@ -40,8 +42,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runCheck(ctx, args[1:], stdout, stderr)
 	case "image":
 		return runImage(ctx, args[1:], stdout, stderr)
+	case "run":
+		return runRun(ctx, args[1:], stdout, stderr, config.DevPath())
+	case "exec":
+		return runExec(ctx, args[1:], stdout, stderr, config.DevPath())
 	case "bench":
-		return bench.Main(ctx, args[1:], stdout, stderr, DevConfig())
+		return bench.Main(ctx, args[1:], stdout, stderr, config.DevPath())
 	case "version", "--version":
 		fmt.Fprintf(stdout, "kata-fsx %s\n", Version)
 		return 0

@@ -157,7 +157,7 @@ func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	c, err := config.Load(*cfgPath, DevConfig())
+	c, err := config.Load(*cfgPath, config.DevPath())
 	if err != nil {
 		fmt.Fprintf(stderr, "kata-fsx env: %v\n", err)
 		return 1

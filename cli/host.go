@@ -176,14 +176,4 @@ func AccelCacheDir(c *config.Config) string {
 	return ""
 }
 
-// DevConfig is the file 'make build' renders, found from the binary in
-// bin/, so a development tree works without 'make install'.
-func DevConfig() string {
-	exe, err := os.Executable()
-	if err != nil {
-		return ""
-	}
-	return filepath.Join(filepath.Dir(filepath.Dir(exe)), "build", "configuration.toml")
-}
-
 func goarch() string { return runtime.GOARCH }

@@ -110,7 +110,7 @@ func defaultCacheDir() string {
 	if d := os.Getenv("KATA_FSX_CACHE"); d != "" {
 		return d
 	}
-	if c, err := config.Load("", DevConfig()); err == nil {
+	if c, err := config.Load("", config.DevPath()); err == nil {
 		return filepath.Join(c.KataFSX.ImagefsBlk.StateDir, "cache")
 	}
 	return filepath.Join(config.Default().KataFSX.ImagefsBlk.StateDir, "cache")

@@ -229,6 +229,17 @@ func Locate(explicit string, fallbacks ...string) (string, error) {
 		ErrNotFound, EnvConfigFile, strings.Join(searched, ", "))
 }
 
+// DevPath is the configuration file 'make build' renders, found from the
+// running binary in bin/, so a development tree works without 'make
+// install'; both binaries pass it to Load as their last fallback.
+func DevPath() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(filepath.Dir(exe)), "build", "configuration.toml")
+}
+
 // Load locates and loads the configuration (see Locate), merging the
 // config.d drop-ins beside it.
 func Load(explicit string, fallbacks ...string) (*Config, error) {

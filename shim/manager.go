@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/sandbox"
 )
 
 // RuntimeType is the containerd runtime type this shim answers to.
@@ -102,7 +102,7 @@ func parseShimFlags(args []string, stderr io.Writer) (*shimFlags, error) {
 	if f.namespace == "" || f.id == "" {
 		return nil, errors.New("-namespace and -id are required")
 	}
-	if err := validSandboxID(f.id); err != nil {
+	if err := sandbox.ValidID(f.id); err != nil {
 		return nil, err
 	}
 	return f, nil
@@ -322,7 +322,9 @@ func serveShim(f *shimFlags, defaultConfig string) error {
 	}
 	// Let the Shutdown reply reach containerd before the socket closes.
 	sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
-	_ = srv.Shutdown(sctx)
+	if err := srv.Shutdown(sctx); err != nil {
+		log.G(ctx).WithError(err).Warn("ttrpc server shutdown")
+	}
 	scancel()
 	svc.stopAll(context.Background())
 	ev.Close()
@@ -364,7 +366,7 @@ func deleteShim(ctx context.Context, f *shimFlags, warn io.Writer) (*taskapi.Del
 				c.Close()
 				fmt.Fprintf(warn, "pod %s: its shim still serves %s; leaving the pod to it\n", st.SandboxID, sock)
 			} else {
-				errs = append(errs, cleanupSandboxDir(st.SandboxDir))
+				errs = append(errs, sandbox.CleanupDir(st.SandboxDir))
 				os.Remove(sock)
 			}
 		}
@@ -402,61 +404,6 @@ func readBundleState(bundle string) (*bundleState, error) {
 		return nil, fmt.Errorf("%s: %w", bundleStateFile, err)
 	}
 	return &st, nil
-}
-
-// cleanupSandboxDir kills what still runs off a dead shim's sandbox
-// directory (QEMU, virtiofsd), unmounts what is mounted below it and
-// removes it.
-func cleanupSandboxDir(dir string) error {
-	dir = filepath.Clean(dir)
-	if !filepath.IsAbs(dir) || dir == "/" {
-		return fmt.Errorf("refusing to clean sandbox directory %q", dir)
-	}
-	for _, pid := range processesUsing(dir) {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
-	// Give the kernel a moment to release the killed processes' sockets
-	// and mounts before unmounting.
-	for i := 0; i < 50 && len(processesUsing(dir)) > 0; i++ {
-		time.Sleep(100 * time.Millisecond)
-	}
-	mounts, err := mountsUnder(dir)
-	if err != nil {
-		return err
-	}
-	for i := len(mounts) - 1; i >= 0; i-- {
-		if err := unix.Unmount(mounts[i], unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("unmount %s: %w", mounts[i], err)
-		}
-	}
-	if err := removeUnmounted(dir); err != nil {
-		return err
-	}
-	return nil
-}
-
-// processesUsing lists the processes whose command line names a path at
-// or below dir: a pod's QEMU and virtiofsd do.
-func processesUsing(dir string) []int {
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, en := range ents {
-		var pid int
-		if _, err := fmt.Sscanf(en.Name(), "%d", &pid); err != nil || pid == os.Getpid() {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", en.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		for _, a := range strings.Split(string(b), "\x00") {
-			if strings.Contains(a, dir+"/") || strings.HasSuffix(a, dir) {
-				pids = append(pids, pid)
-				break
-			}
-		}
-	}
-	return pids
 }
 
 // configFromOptions loads the configuration the Create request's runtime

@@ -4,45 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/mount"
 )
-
-// mountFlags maps the mount(8) options containerd uses to mount flags;
-// the rest is filesystem data.
-var mountFlags = map[string]struct {
-	clear bool
-	flag  uintptr
-}{
-	"ro": {false, unix.MS_RDONLY}, "rw": {true, unix.MS_RDONLY},
-	"bind": {false, unix.MS_BIND}, "rbind": {false, unix.MS_BIND | unix.MS_REC},
-	"nosuid": {false, unix.MS_NOSUID}, "suid": {true, unix.MS_NOSUID},
-	"nodev": {false, unix.MS_NODEV}, "dev": {true, unix.MS_NODEV},
-	"noexec": {false, unix.MS_NOEXEC}, "exec": {true, unix.MS_NOEXEC},
-	"noatime": {false, unix.MS_NOATIME}, "relatime": {false, unix.MS_RELATIME},
-	"nodiratime": {false, unix.MS_NODIRATIME}, "sync": {false, unix.MS_SYNCHRONOUS},
-	"async": {true, unix.MS_SYNCHRONOUS}, "defaults": {false, 0},
-}
-
-func parseMountOptions(opts []string) (uintptr, string) {
-	var flags uintptr
-	var data []string
-	for _, o := range opts {
-		if f, ok := mountFlags[o]; ok {
-			if f.clear {
-				flags &^= f.flag
-			} else {
-				flags |= f.flag
-			}
-			continue
-		}
-		data = append(data, o)
-	}
-	return flags, strings.Join(data, ",")
-}
 
 // mountRootfs mounts containerd's rootfs mounts (an overlay or a bind
 // snapshot) onto target, the bundle's rootfs directory, for the shared
@@ -55,7 +22,7 @@ func mountRootfs(mounts []config.Mount, target string) error {
 		return fmt.Errorf("rootfs: %d mounts; kata-fsx mounts exactly one (overlay or bind)", len(mounts))
 	}
 	m := mounts[0]
-	flags, data := parseMountOptions(m.Options)
+	flags, data := mount.ParseOptions(m.Options)
 	typ := m.Type
 	if flags&unix.MS_BIND != 0 {
 		typ = ""

@@ -25,8 +25,9 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/kata-fsx/kata-fsx/config"
 	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
+	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/sandbox"
 )
 
 // ioGrace bounds how long an exited process's output may still drain.
@@ -92,7 +93,7 @@ type service struct {
 	bootMu sync.Mutex
 
 	mu         sync.Mutex // guards the fields below
-	sandbox    *Sandbox
+	sandbox    *sandbox.Sandbox
 	sbCancel   context.CancelFunc
 	containers map[string]*container
 
@@ -142,7 +143,7 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 	if r.Checkpoint != "" || r.ParentCheckpoint != "" {
 		return nil, errUnimplemented("container %s: checkpoint/restore is not supported", r.ID)
 	}
-	if err := validSandboxID(r.ID); err != nil {
+	if err := sandbox.ValidID(r.ID); err != nil {
 		return nil, errInvalid("%v", err)
 	}
 	spec, err := readBundleSpec(r.Bundle)
@@ -204,16 +205,21 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 		}
 		c.rootfsMounted = true
 	}
-	if err := sb.CreateContainer(ctx, ContainerSpec{ID: r.ID, RootfsDir: rootfsDir, Rootfs: rootfs, OCI: guestSpec(spec)}); err != nil {
+	if err := sb.CreateContainer(ctx, sandbox.ContainerSpec{ID: r.ID, RootfsDir: rootfsDir, Rootfs: rootfs, OCI: spec}); err != nil {
 		if !owns {
 			// Release the rootfs share; the pod and its other containers stay.
-			_ = sb.RemoveContainer(context.Background(), r.ID, 5*time.Second)
+			if rerr := sb.RemoveContainer(context.Background(), r.ID, 5*time.Second); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("undo: %w", rerr))
+			}
 		}
 		return nil, toStatus(err)
 	}
 	if err := c.init.startIO(s.ctx, sb.Agent()); err != nil {
-		_ = sb.RemoveContainer(context.Background(), r.ID, 5*time.Second)
-		return nil, toStatus(fmt.Errorf("container %s: stdio: %w", r.ID, err))
+		err = fmt.Errorf("container %s: stdio: %w", r.ID, err)
+		if rerr := sb.RemoveContainer(context.Background(), r.ID, 5*time.Second); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("undo: %w", rerr))
+		}
+		return nil, toStatus(err)
 	}
 	s.mu.Lock()
 	s.containers[r.ID] = c
@@ -228,7 +234,7 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 // createSandbox boots the pod VM for its first container. The VM lives
 // with the server, not the request, but a request cancelled during the
 // boot aborts it.
-func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskRequest, spec *specs.Spec, rootfs config.Rootfs) (*Sandbox, error) {
+func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskRequest, spec *specs.Spec, rootfs config.Rootfs) (*sandbox.Sandbox, error) {
 	cfgPath, err := configPathOption(r.Options)
 	if err != nil {
 		return nil, errInvalid("container %s: %v", r.ID, err)
@@ -247,16 +253,19 @@ func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskReques
 		}
 	}()
 	hostname := spec.Hostname
-	sb, err := NewSandbox(sbCtx, SandboxSpec{ID: r.ID, Config: cfg, Annotations: spec.Annotations, Rootfs: rootfs, Hostname: hostname})
+	sb, err := sandbox.New(sbCtx, sandbox.Spec{ID: r.ID, Config: cfg, Annotations: spec.Annotations, Rootfs: rootfs, Hostname: hostname})
 	close(booted)
 	if err != nil {
 		sbCancel()
 		return nil, err
 	}
 	if sbCtx.Err() != nil {
-		_ = sb.Stop(context.Background())
+		err := fmt.Errorf("container %s: create cancelled: %w", r.ID, ctx.Err())
+		if serr := sb.Stop(context.Background()); serr != nil {
+			err = errors.Join(err, serr)
+		}
 		sbCancel()
-		return nil, fmt.Errorf("container %s: create cancelled: %w", r.ID, ctx.Err())
+		return nil, err
 	}
 	s.log(r.ID).Infof("sandbox %s: config %s; backend %s: %s", sb.ID, cfg.Path, sb.Decision.Backend, sb.Decision.Reason)
 	s.mu.Lock()
@@ -268,7 +277,7 @@ func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskReques
 
 // watchSandbox ends every process of a pod whose VM died with a failure
 // status, so containerd sees the tasks exit.
-func (s *service) watchSandbox(sb *Sandbox) {
+func (s *service) watchSandbox(sb *sandbox.Sandbox) {
 	select {
 	case <-sb.Failed():
 	case <-s.done:
@@ -308,20 +317,6 @@ func configPathOption(a *anypb.Any) (string, error) {
 	return o.ConfigPath, nil
 }
 
-// guestSpec adapts containerd's OCI spec for the guest: cgroup mounts and
-// host devices belong to the host, the VM stands in for them.
-func guestSpec(s *specs.Spec) *specs.Spec {
-	out := *s
-	out.Mounts = nil
-	for _, m := range s.Mounts {
-		if m.Type == "cgroup" || m.Type == "cgroup2" {
-			continue
-		}
-		out.Mounts = append(out.Mounts, m)
-	}
-	return &out
-}
-
 // Start starts the init process of a container or one of its execs.
 func (s *service) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.StartResponse, error) {
 	c, p, err := s.lookup(r.ID, r.ExecID)
@@ -345,8 +340,8 @@ func (s *service) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.
 		err = s.execInGuest(ctx, c, p)
 	}
 	if err != nil {
-		err = sb.explain(err)
-		s.exited(p, exitNotExecutable)
+		err = sb.Explain(err)
+		s.exited(p, sandbox.ExitNotExecutable)
 		if status.Code(err) == codes.NotFound {
 			return nil, errNotFound("%v", err)
 		}
@@ -372,7 +367,7 @@ func (s *service) execInGuest(ctx context.Context, c *container, p *process) err
 	return s.currentSandbox().Agent().ExecProcess(ctx, &pb.ExecProcessRequest{ContainerId: c.id, ExecId: p.agentExecID, Process: p.agentProcess})
 }
 
-func (s *service) currentSandbox() *Sandbox {
+func (s *service) currentSandbox() *sandbox.Sandbox {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.sandbox
@@ -380,7 +375,7 @@ func (s *service) currentSandbox() *Sandbox {
 
 // waitExit waits for a process in the guest, or for the death of the VM,
 // and records and publishes its exit.
-func (s *service) waitExit(sb *Sandbox, p *process) {
+func (s *service) waitExit(sb *sandbox.Sandbox, p *process) {
 	type result struct {
 		code int32
 		err  error
@@ -394,7 +389,7 @@ func (s *service) waitExit(sb *Sandbox, p *process) {
 	select {
 	case res := <-waited:
 		if res.err != nil {
-			s.log(p.containerID).WithError(sb.explain(res.err)).Errorf("wait for %s", p.agentExecID)
+			s.log(p.containerID).WithError(sb.Explain(res.err)).Errorf("wait for %s", p.agentExecID)
 			code = exitSandboxFailed
 		} else {
 			code = uint32(res.code)
@@ -517,7 +512,9 @@ func (s *service) stopAll(ctx context.Context) {
 	}
 	s.mu.Unlock()
 	for _, b := range bundles {
-		_ = unmountRootfs(filepath.Join(b, "rootfs"))
+		if err := unmountRootfs(filepath.Join(b, "rootfs")); err != nil {
+			log.G(ctx).WithError(err).Error("teardown")
+		}
 	}
 }
 
@@ -526,7 +523,7 @@ func (s *service) Exec(ctx context.Context, r *taskapi.ExecProcessRequest) (*emp
 	if r.Terminal {
 		return nil, errUnimplemented("exec %s: terminals are not supported by kata-fsx yet; run without -t", r.ExecID)
 	}
-	if err := validSandboxID(r.ExecID); err != nil {
+	if err := sandbox.ValidID(r.ExecID); err != nil {
 		return nil, errInvalid("exec id: %v", err)
 	}
 	if r.Spec == nil {
@@ -536,7 +533,7 @@ func (s *service) Exec(ctx context.Context, r *taskapi.ExecProcessRequest) (*emp
 	if err := json.Unmarshal(r.Spec.Value, &ps); err != nil {
 		return nil, errInvalid("exec %s: process spec: %v", r.ExecID, err)
 	}
-	as, err := agentSpec(&specs.Spec{Process: &ps}, "/", false)
+	agentProcess, err := sandbox.ProcessSpec(&ps)
 	if err != nil {
 		return nil, errInvalid("exec %s: %v", r.ExecID, err)
 	}
@@ -555,7 +552,7 @@ func (s *service) Exec(ctx context.Context, r *taskapi.ExecProcessRequest) (*emp
 	c.execSeq++
 	p := newProcess(r.ID, r.ExecID, fmt.Sprintf("%s.%d", r.ExecID, c.execSeq), stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr})
 	c.execs[r.ExecID] = p
-	p.agentProcess = as.Process
+	p.agentProcess = agentProcess
 	s.opts.events.send(&eventsapi.TaskExecAdded{ContainerID: r.ID, ExecID: r.ExecID})
 	return &emptypb.Empty{}, nil
 }
@@ -616,7 +613,7 @@ func (s *service) Kill(ctx context.Context, r *taskapi.KillRequest) (*emptypb.Em
 		if st, _, _ := p.status(); st == procStopped {
 			return nil, errNotFound("%s: process already finished", describe(r.ID, r.ExecID))
 		}
-		return nil, toStatus(sb.explain(err))
+		return nil, toStatus(sb.Explain(err))
 	}
 	return &emptypb.Empty{}, nil
 }

@@ -18,13 +18,15 @@ import (
 	evttrpc "github.com/containerd/containerd/api/services/ttrpc/events/v1"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	"github.com/containerd/ttrpc"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/kata-fsx/kata-fsx/mount"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 func TestPodGroup(t *testing.T) {
@@ -111,16 +113,6 @@ func TestConfigPathOption(t *testing.T) {
 	}
 	if _, err := configPathOption(&anypb.Any{TypeUrl: "runtimeoptions.v1.Options", Value: []byte{0x0a, 0xff}}); err == nil {
 		t.Fatal("truncated options accepted")
-	}
-}
-
-func TestParseMountOptions(t *testing.T) {
-	flags, data := parseMountOptions([]string{"ro", "rbind", "nosuid", "lowerdir=/a:/b", "upperdir=/u", "index=off"})
-	if flags != unix.MS_RDONLY|unix.MS_BIND|unix.MS_REC|unix.MS_NOSUID || data != "lowerdir=/a:/b,upperdir=/u,index=off" {
-		t.Fatalf("flags %#x data %q", flags, data)
-	}
-	if flags, _ := parseMountOptions([]string{"ro", "rw"}); flags != 0 {
-		t.Fatalf("rw after ro: %#x", flags)
 	}
 }
 
@@ -292,9 +284,7 @@ func TestShutdownWaitsForContainers(t *testing.T) {
 // directory with a live process and a mount below it, as a killed shim
 // leaves them.
 func TestDeleteCleansUpAfterDeadShim(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root to mount")
-	}
+	testenv.Root(t, "mounting below a sandbox directory")
 	base := t.TempDir()
 	bundle := filepath.Join(base, "bundle")
 	sbDir := filepath.Join(base, "state", "pod1")
@@ -344,7 +334,7 @@ func TestDeleteCleansUpAfterDeadShim(t *testing.T) {
 	if _, err := os.Stat(sbDir); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("sandbox directory survived delete: %v", err)
 	}
-	if m, _ := mountsUnder(bundle); len(m) > 0 {
+	if m, _ := mount.Under(bundle); len(m) > 0 {
 		t.Fatalf("bundle rootfs still mounted: %v", m)
 	}
 	// A bundle without state (Create never ran) deletes cleanly too.
@@ -400,20 +390,4 @@ func TestTaskAPIOverTTRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-s.Done()
-}
-
-func TestGuestSpecDropsHostOnlyMounts(t *testing.T) {
-	in := &specs.Spec{Mounts: []specs.Mount{
-		{Destination: "/proc", Type: "proc"},
-		{Destination: "/sys/fs/cgroup", Type: "cgroup"},
-		{Destination: "/sys/fs/cgroup", Type: "cgroup2"},
-		{Destination: "/dev/shm", Type: "tmpfs"},
-	}}
-	out := guestSpec(in)
-	if len(out.Mounts) != 2 || out.Mounts[0].Destination != "/proc" || out.Mounts[1].Destination != "/dev/shm" {
-		t.Fatalf("guest mounts %+v", out.Mounts)
-	}
-	if len(in.Mounts) != 4 {
-		t.Fatal("guestSpec modified containerd's spec")
-	}
 }

@@ -5,10 +5,10 @@ package main
 import (
 	"os"
 
-	"github.com/kata-fsx/kata-fsx/cli"
+	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/shim"
 )
 
 func main() {
-	os.Exit(shim.ShimMain(os.Args[1:], os.Stdout, os.Stderr, cli.DevConfig()))
+	os.Exit(shim.ShimMain(os.Args[1:], os.Stdout, os.Stderr, config.DevPath()))
 }

@@ -15,10 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kata-fsx/kata-fsx/blk/index"
-	"github.com/kata-fsx/kata-fsx/hypervisor"
 	"github.com/kata-fsx/kata-fsx/agent"
 	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
+	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/hypervisor"
 )
 
 func TestRunImagefsBlkWorkload(t *testing.T) {

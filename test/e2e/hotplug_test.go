@@ -14,7 +14,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kata-fsx/kata-fsx/config"
-	"github.com/kata-fsx/kata-fsx/shim"
+	"github.com/kata-fsx/kata-fsx/sandbox"
 )
 
 // hotplugRootDevice returns the device and fstype of "/" in /proc/mounts output.
@@ -195,7 +195,7 @@ func TestSandboxHotplugRollback(t *testing.T) {
 	defer cancel()
 	const id = "hprollback"
 	rootfs := config.RootfsFromMounts(nil, rootfsDir)
-	sb, err := shim.NewSandbox(ctx, shim.SandboxSpec{ID: id, Config: cfg, Backend: config.SharedFSImagefsBlk, Rootfs: rootfs, Hostname: id})
+	sb, err := sandbox.New(ctx, sandbox.Spec{ID: id, Config: cfg, Backend: config.SharedFSImagefsBlk, Rootfs: rootfs, Hostname: id})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +208,7 @@ func TestSandboxHotplugRollback(t *testing.T) {
 		return &specs.Spec{Version: specs.Version, Root: &specs.Root{Path: "rootfs"},
 			Process: &specs.Process{Args: args, Cwd: "/", Env: []string{"PATH=/bin"}}}
 	}
-	if err := sb.CreateContainer(ctx, shim.ContainerSpec{ID: id, Rootfs: rootfs, OCI: spec("/bin/sleep", "600")}); err != nil {
+	if err := sb.CreateContainer(ctx, sandbox.ContainerSpec{ID: id, Rootfs: rootfs, OCI: spec("/bin/sleep", "600")}); err != nil {
 		t.Fatal(err)
 	}
 	blkDir := filepath.Join(sb.Dir, "blk")
@@ -225,7 +225,7 @@ func TestSandboxHotplugRollback(t *testing.T) {
 	// The test agent refuses terminals, after the disk is plugged.
 	bad := spec("/bin/true")
 	bad.Process.Terminal = true
-	err = sb.CreateContainer(ctx, shim.ContainerSpec{ID: "bad", Rootfs: rootfs, OCI: bad})
+	err = sb.CreateContainer(ctx, sandbox.ContainerSpec{ID: "bad", Rootfs: rootfs, OCI: bad})
 	if err == nil || !strings.Contains(err.Error(), "agent CreateContainer") {
 		t.Fatalf("container the agent refuses: err = %v", err)
 	}
@@ -237,13 +237,13 @@ func TestSandboxHotplugRollback(t *testing.T) {
 	}
 
 	// An unindexable rootfs fails before anything is plugged.
-	err = sb.CreateContainer(ctx, shim.ContainerSpec{ID: "odd", Rootfs: config.Rootfs{Kind: config.RootfsOther, Why: "test"}, OCI: spec("/bin/true")})
+	err = sb.CreateContainer(ctx, sandbox.ContainerSpec{ID: "odd", Rootfs: config.Rootfs{Kind: config.RootfsOther, Why: "test"}, OCI: spec("/bin/true")})
 	if err == nil || !strings.Contains(err.Error(), "cannot index") {
 		t.Fatalf("unindexable rootfs: err = %v", err)
 	}
 
 	// A rootfs whose build fails leaves no partial disk (nor its slot taken).
-	err = sb.CreateContainer(ctx, shim.ContainerSpec{ID: "missing", Rootfs: config.Rootfs{Kind: config.RootfsDir, Layers: []string{filepath.Join(e.dir, "no-such-layer")}}, OCI: spec("/bin/true")})
+	err = sb.CreateContainer(ctx, sandbox.ContainerSpec{ID: "missing", Rootfs: config.Rootfs{Kind: config.RootfsDir, Layers: []string{filepath.Join(e.dir, "no-such-layer")}}, OCI: spec("/bin/true")})
 	if err == nil {
 		t.Fatal("container with a missing rootfs layer was created")
 	}
@@ -259,7 +259,7 @@ func TestSandboxHotplugRollback(t *testing.T) {
 	// the bridge in slot 02) and the guest sees exactly two disks.
 	const good = "good"
 	script := `ls /sys/block; grep " / " /proc/mounts; set -- $(grep " / " /proc/mounts); busybox readlink -f /sys/block/${1#/dev/}`
-	if err := sb.CreateContainer(ctx, shim.ContainerSpec{ID: good, Rootfs: rootfs, OCI: spec("/bin/sh", "-c", script)}); err != nil {
+	if err := sb.CreateContainer(ctx, sandbox.ContainerSpec{ID: good, Rootfs: rootfs, OCI: spec("/bin/sh", "-c", script)}); err != nil {
 		t.Fatal(err)
 	}
 	a := sb.Agent()

@@ -12,9 +12,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kata-fsx/kata-fsx/hypervisor"
 	"github.com/kata-fsx/kata-fsx/agent"
 	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
+	"github.com/kata-fsx/kata-fsx/hypervisor"
 )
 
 // vmSettings is what every guest of the run shares.

@@ -1,6 +1,4 @@
-// Package shim is the kata-fsx runtime: the containerd Task API service and
-// the sandbox and container lifecycle behind it, which `kata-fsx run` uses too.
-package shim
+package sandbox
 
 import (
 	"fmt"
@@ -13,10 +11,25 @@ import (
 // guestSandboxShm is where the sandbox's ephemeral shm storage is mounted in the guest.
 const guestSandboxShm = "/run/kata-containers/sandbox/shm"
 
+// ExitNotExecutable is the shell's status for a command that cannot run,
+// which the shim and `kata-fsx run` report when the agent cannot start a
+// process.
+const ExitNotExecutable = 127
+
+// ProcessSpec converts an exec's OCI process into the agent's Process,
+// refusing one the agent could not run.
+func ProcessSpec(p *specs.Process) (*pb.Process, error) {
+	s, err := agentSpec(&specs.Spec{Process: p}, "/", false)
+	if err != nil {
+		return nil, err
+	}
+	return s.Process, nil
+}
+
 // agentSpec converts an OCI runtime spec into the agent protocol's Spec,
 // with the root path replaced by where the rootfs is inside the guest.
-// Host-only parts (hooks, cgroup resources, seccomp) are dropped: the VM
-// boundary stands in for them.
+// Host-only parts (hooks, cgroup mounts and resources, seccomp) are
+// dropped: the VM boundary stands in for them.
 func agentSpec(s *specs.Spec, guestRoot string, readonly bool) (*pb.Spec, error) {
 	if s == nil || s.Process == nil {
 		return nil, fmt.Errorf("OCI spec has no process")
@@ -53,6 +66,10 @@ func agentSpec(s *specs.Spec, guestRoot string, readonly bool) (*pb.Spec, error)
 		out.Annotations[k] = v
 	}
 	for _, m := range s.Mounts {
+		// cgroup mounts belong to the host: the VM stands in for them.
+		if m.Type == "cgroup" || m.Type == "cgroup2" {
+			continue
+		}
 		bind := m.Type == "bind" || hasOption(m.Options, "bind") || hasOption(m.Options, "rbind")
 		// The pod's /dev/shm is the sandbox's ephemeral shm storage in the
 		// guest, as Kata does it, so the pod's containers share it.

@@ -1,4 +1,4 @@
-package shim
+package sandbox
 
 import (
 	"context"
@@ -10,11 +10,11 @@ import (
 
 	"github.com/containerd/log"
 
+	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 	"github.com/kata-fsx/kata-fsx/blk"
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
-	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
 
@@ -59,16 +59,16 @@ func blkOptions(c *config.Config) blk.Options {
 // ctx bounds the build; the disk is then served until it is removed or
 // the sandbox stops, whatever becomes of ctx.
 func (s *Sandbox) createDisk(ctx context.Context, cid string, rootfs config.Rootfs, idx *index.Index) (*podDisk, error) {
-	if err := validSandboxID(cid); err != nil {
+	if err := ValidID(cid); err != nil {
 		return nil, err
 	}
 	if idx == nil && !rootfs.Indexable() {
 		return nil, fmt.Errorf("container %s: imagefs-blk cannot index this rootfs: %s", cid, rootfs.Why)
 	}
 	s.mu.Lock()
-	if s.stopping {
+	if err := s.requireLocked("add a disk for container "+cid, StateBooting, StateReady); err != nil {
 		s.mu.Unlock()
-		return nil, fmt.Errorf("container %s: sandbox %s is stopping", cid, s.ID)
+		return nil, err
 	}
 	if _, ok := s.disks[cid]; ok {
 		s.mu.Unlock()
@@ -114,10 +114,10 @@ func (s *Sandbox) createDisk(ctx context.Context, cid string, rootfs config.Root
 	pd := &podDisk{Disk: d, deviceID: fmt.Sprintf("imagefs-blk-%d", seq), stopServing: stopServing}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.stopping {
-		// Stop already collected the disks: this one would outlive the pod.
+	if err := s.requireLocked("add a disk for container "+cid, StateBooting, StateReady); err != nil {
+		// Stop may already have collected the disks: this one would outlive the pod.
 		stopServing()
-		return nil, errors.Join(fmt.Errorf("container %s: sandbox %s is stopping", cid, s.ID), d.Remove())
+		return nil, errors.Join(err, d.Remove())
 	}
 	s.disks[cid] = pd
 	return pd, nil
@@ -157,7 +157,7 @@ func (s *Sandbox) hotplugDisk(ctx context.Context, cid string, rootfs config.Roo
 	q := s.vm.QMP()
 	// QEMU connects to our server as soon as the chardev exists.
 	if err := q.ChardevAddSocket(ctx, d.chardevID(), d.Socket); err != nil {
-		return nil, s.explain(fmt.Errorf("container %s: chardev-add %s: %w", cid, d.chardevID(), err))
+		return nil, s.Explain(fmt.Errorf("container %s: chardev-add %s: %w", cid, d.chardevID(), err))
 	}
 	d.chardevAdded = true
 	b := s.cfg.KataFSX.ImagefsBlk
@@ -166,14 +166,14 @@ func (s *Sandbox) hotplugDisk(ctx context.Context, cid string, rootfs config.Roo
 	props["num-queues"] = b.NumQueues
 	props["queue-size"] = b.QueueSize
 	if err := q.DeviceAdd(ctx, "vhost-user-blk-pci", d.deviceID, props); err != nil {
-		return nil, s.explain(fmt.Errorf("container %s: device_add vhost-user-blk-pci %s: %w", cid, d.deviceID, err))
+		return nil, s.Explain(fmt.Errorf("container %s: device_add vhost-user-blk-pci %s: %w", cid, d.deviceID, err))
 	}
 	d.deviceAdded = true
 	// The allocator's idea of the path must be QEMU's, or the agent waits
 	// for a disk at the wrong address.
 	got, err := s.vm.DevicePCIPath(ctx, d.deviceID)
 	if err != nil {
-		return nil, s.explain(fmt.Errorf("container %s: %w", cid, err))
+		return nil, s.Explain(fmt.Errorf("container %s: %w", cid, err))
 	}
 	if got != slot.Path {
 		return nil, fmt.Errorf("container %s: device %s is at PCI path %s, expected %s", cid, d.deviceID, got, slot.Path)
@@ -200,7 +200,7 @@ func (s *Sandbox) unplugDisk(cid string) error {
 	err := s.unplug(d)
 	if err != nil {
 		s.mu.Lock()
-		if s.stopping {
+		if s.state == StateStopping || s.state == StateStopped {
 			// Stop has quit QEMU or is about to: the disk can go now.
 			s.mu.Unlock()
 			return errors.Join(err, d.remove())
@@ -220,13 +220,13 @@ func (s *Sandbox) unplug(d *podDisk) error {
 	q := s.vm.QMP()
 	if d.deviceAdded {
 		if err := q.DeviceDel(ctx, d.deviceID); err != nil {
-			return s.explain(fmt.Errorf("device_del %s: %w", d.deviceID, err))
+			return s.Explain(fmt.Errorf("device_del %s: %w", d.deviceID, err))
 		}
 		d.deviceAdded = false
 	}
 	if d.chardevAdded {
 		if err := q.ChardevRemove(ctx, d.chardevID()); err != nil {
-			return s.explain(fmt.Errorf("chardev-remove %s: %w", d.chardevID(), err))
+			return s.Explain(fmt.Errorf("chardev-remove %s: %w", d.chardevID(), err))
 		}
 		d.chardevAdded = false
 	}

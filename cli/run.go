@@ -1,9 +1,10 @@
-package shim
+package cli
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -16,13 +17,14 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	grpcstatus "google.golang.org/grpc/status"
 
+	"github.com/kata-fsx/kata-fsx/agent"
+	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 	"github.com/kata-fsx/kata-fsx/blk"
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
-	"github.com/kata-fsx/kata-fsx/agent"
-	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
+	"github.com/kata-fsx/kata-fsx/sandbox"
 )
 
 type stringList []string
@@ -30,10 +32,10 @@ type stringList []string
 func (l *stringList) String() string     { return strings.Join(*l, ",") }
 func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
-// RunCommand is `kata-fsx run`: it boots a one-off pod VM through the same
+// runRun is `kata-fsx run`: it boots a one-off pod VM through the same
 // sandbox code the shim uses, runs one command in it, streams its output,
 // tears everything down and returns the command's exit status.
-func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer, defaultConfig string) int {
+func runRun(ctx context.Context, args []string, stdout, stderr io.Writer, defaultConfig string) int {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgPath := fs.String("config", "", "configuration file (default: the usual lookup)")
@@ -66,7 +68,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer, de
 		return fail(err)
 	}
 	switch *backend {
-	case "", config.SharedFSVirtioFS, config.SharedFS9P, config.SharedFSImagefsBlk, BackendVirtioBlk:
+	case "", config.SharedFSVirtioFS, config.SharedFS9P, config.SharedFSImagefsBlk, sandbox.BackendVirtioBlk:
 	default:
 		return fail(fmt.Errorf("--backend %q: use virtio-fs, virtio-9p, imagefs-blk or virtio-blk", *backend))
 	}
@@ -76,7 +78,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer, de
 		rspec        = config.Rootfs{Kind: config.RootfsDir}
 	)
 	rawPath, isRaw := strings.CutPrefix(*rootfs, "raw:")
-	if (*backend == BackendVirtioBlk) != isRaw {
+	if (*backend == sandbox.BackendVirtioBlk) != isRaw {
 		return fail(fmt.Errorf("--rootfs %s: --backend virtio-blk takes the rootfs as raw:FILE (an ext4 image), and raw: only goes with --backend virtio-blk", *rootfs))
 	}
 	if isRaw {
@@ -125,7 +127,7 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer, de
 		*id = "run-" + hex.EncodeToString(b)
 	}
 	code, err := runOne(ctx, runRequest{
-		sandbox: SandboxSpec{ID: *id, Config: c, Annotations: annotations, Backend: *backend, Hostname: *id,
+		pod: sandbox.Spec{ID: *id, Config: c, Annotations: annotations, Backend: *backend, Hostname: *id,
 			Rootfs: rspec, RootfsIndex: idx, RootfsBlockFile: rawFile},
 		rootfs: dir, args: cmd, keep: *keep, statsFile: *statsFile, began: began,
 	}, stdout, stderr)
@@ -136,16 +138,13 @@ func RunCommand(ctx context.Context, args []string, stdout, stderr io.Writer, de
 }
 
 type runRequest struct {
-	sandbox   SandboxSpec
+	pod       sandbox.Spec
 	rootfs    string
 	args      []string
 	keep      bool
 	statsFile string
 	began     time.Time
 }
-
-// exitNotExecutable is the shell's status for a command that cannot run.
-const exitNotExecutable = 127
 
 // keepMarker ends the command's stderr in --keep mode, followed by its status.
 const keepMarker = "\x00kata-fsx-exit:"
@@ -159,13 +158,13 @@ func keepArgs(args []string) []string {
 }
 
 func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, error) {
-	sb, err := NewSandbox(ctx, r.sandbox)
+	sb, err := sandbox.New(ctx, r.pod)
 	if err != nil {
 		return 1, err
 	}
 	fmt.Fprintf(stderr, "kata-fsx run: sandbox %s: backend %s (%s)\n", sb.ID, sb.Decision.Backend, sb.Decision.Reason)
 	var statsMu sync.Mutex // the output pump records the first output
-	stats := &RunStats{SandboxID: sb.ID, Backend: sb.Decision.Backend, Reason: sb.Decision.Reason,
+	stats := &sandbox.RunStats{SandboxID: sb.ID, Backend: sb.Decision.Backend, Reason: sb.Decision.Reason,
 		ReadySeconds: time.Since(r.began).Seconds(), AtReady: sb.Sample()}
 	defer func() {
 		if r.statsFile != "" {
@@ -182,28 +181,28 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 			fmt.Fprintf(stderr, "kata-fsx run: teardown: %v\n", err)
 		}
 	}()
-	cid := r.sandbox.ID
+	cid := r.pod.ID
 	args := r.args
 	if r.keep {
 		args = keepArgs(args)
 	}
 	spec := &specs.Spec{
 		Version:  specs.Version,
-		Hostname: r.sandbox.Hostname,
+		Hostname: r.pod.Hostname,
 		Root:     &specs.Root{Path: "rootfs"},
 		Process: &specs.Process{
 			Args: args, Cwd: "/",
 			Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=xterm"},
 		},
 	}
-	if err := sb.CreateContainer(ctx, ContainerSpec{ID: cid, RootfsDir: r.rootfs, OCI: spec}); err != nil {
+	if err := sb.CreateContainer(ctx, sandbox.ContainerSpec{ID: cid, RootfsDir: r.rootfs, OCI: spec}); err != nil {
 		return 1, err
 	}
 	a := sb.Agent()
 	if err := a.StartContainer(ctx, cid); err != nil {
-		err = sb.explain(fmt.Errorf("start %q: %w", strings.Join(r.args, " "), err))
-		if status.Code(err) == codes.NotFound {
-			return exitNotExecutable, err
+		err = sb.Explain(fmt.Errorf("start %q: %w", strings.Join(r.args, " "), err))
+		if grpcstatus.Code(err) == codes.NotFound {
+			return sandbox.ExitNotExecutable, err
 		}
 		return 1, err
 	}
@@ -237,7 +236,9 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 		copies.Wait()
 		// The agent channel takes one host connection at a time: hand it
 		// over to kata-fsx exec and keep the pod alive until told.
-		sb.releaseAgent()
+		if err := sb.ReleaseAgent(); err != nil {
+			return code, err
+		}
 		fmt.Fprintf(stderr, "kata-fsx run: --keep: the command exited with status %d; pod %s keeps running.\n"+
 			"  exec into it:  kata-fsx exec %s -- CMD [ARGS...]   (with the same --config)\n"+
 			"  stop it:       Ctrl-C or SIGTERM to this process\n", code, sb.ID, sb.ID)
@@ -266,7 +267,7 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 		return 130, fmt.Errorf("interrupted: tearing the sandbox down")
 	}
 	if res.err != nil {
-		return 1, sb.explain(fmt.Errorf("wait for %q: %w", strings.Join(r.args, " "), res.err))
+		return 1, sb.Explain(fmt.Errorf("wait for %q: %w", strings.Join(r.args, " "), res.err))
 	}
 	// The streams end at EOF once the process is gone; bound the wait in
 	// case the agent never reports it.
@@ -333,10 +334,10 @@ func (m *markerWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// ExecCommand is `kata-fsx exec ID -- CMD`: it runs a command in the
+// runExec is `kata-fsx exec ID -- CMD`: it runs a command in the
 // container of a pod that `kata-fsx run --keep` left running, and returns
 // the command's exit status.
-func ExecCommand(ctx context.Context, args []string, stdout, stderr io.Writer, defaultConfig string) int {
+func runExec(ctx context.Context, args []string, stdout, stderr io.Writer, defaultConfig string) int {
 	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgPath := fs.String("config", "", "configuration file (default: the usual lookup)")
@@ -355,7 +356,7 @@ func ExecCommand(ctx context.Context, args []string, stdout, stderr io.Writer, d
 	if len(cmd) > 0 && cmd[0] == "--" {
 		cmd = cmd[1:]
 	}
-	if err := validSandboxID(id); err != nil || len(cmd) == 0 {
+	if err := sandbox.ValidID(id); err != nil || len(cmd) == 0 {
 		fs.Usage()
 		return 2
 	}
@@ -384,8 +385,8 @@ func ExecCommand(ctx context.Context, args []string, stdout, stderr io.Writer, d
 	}})
 	if err != nil {
 		fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
-		if status.Code(err) == codes.NotFound {
-			return exitNotExecutable
+		if grpcstatus.Code(err) == codes.NotFound {
+			return sandbox.ExitNotExecutable
 		}
 		return 1
 	}
@@ -397,4 +398,15 @@ func ExecCommand(ctx context.Context, args []string, stdout, stderr io.Writer, d
 	}
 	copies.Wait()
 	return int(code)
+}
+
+func writeStats(path string, st *sandbox.RunStats) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("--stats-file: %w", err)
+	}
+	return nil
 }

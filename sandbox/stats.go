@@ -1,9 +1,8 @@
-package shim
+package sandbox
 
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -173,15 +172,4 @@ type RunStats struct {
 	AtEnd   []ProcessSample `json:"at_end"`
 	// AtFirstOutput samples them when the process's first output arrives.
 	AtFirstOutput []ProcessSample `json:"at_first_output,omitempty"`
-}
-
-func writeStats(path string, st *RunStats) error {
-	b, err := json.MarshalIndent(st, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("--stats-file: %w", err)
-	}
-	return nil
 }

@@ -1,4 +1,9 @@
-package shim
+// Package sandbox is a kata-fsx pod: the VM and its filesystem backend
+// (virtio-fs, virtio-9p, imagefs-blk, or a raw virtio-blk rootfs), the
+// devices plugged into it, and the guest agent that runs its containers.
+// Its life is an explicit State; the containerd shim (package shim) and
+// `kata-fsx run` (package cli) both drive pods through it.
+package sandbox
 
 import (
 	"context"
@@ -14,19 +19,20 @@ import (
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/kata-fsx/kata-fsx/agent"
+	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
-	"github.com/kata-fsx/kata-fsx/agent"
-	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
+	"github.com/kata-fsx/kata-fsx/mount"
 	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
 
 // sharedTag is the mount tag of the shared directory, Kata's.
 const sharedTag = "kataShared"
 
-// SandboxSpec is what is known about a pod before its VM boots.
-type SandboxSpec struct {
+// Spec is what is known about a pod before its VM boots.
+type Spec struct {
 	ID          string
 	Config      *config.Config // as loaded; annotations are applied here
 	Annotations map[string]string
@@ -53,7 +59,7 @@ const BackendVirtioBlk = "virtio-blk"
 // rootBlkID is the QEMU id of a BackendVirtioBlk rootfs disk.
 const rootBlkID = "rootfs-blk-0"
 
-// Sandbox is a running pod VM with its filesystem backend and agent connection.
+// Sandbox is a pod VM with its filesystem backend and agent connection.
 type Sandbox struct {
 	ID       string
 	Dir      string
@@ -69,42 +75,41 @@ type Sandbox struct {
 	life     context.Context
 	lifeStop context.CancelFunc
 
-	mu sync.Mutex // guards the fields below
+	mu      sync.Mutex // guards the fields below
+	state   State
+	failErr error // why the sandbox failed; set on the move to StateFailed
+	stopErr error // what Stop could not clean up; set on the move to StateStopped
 	// disks are the imagefs-blk disks by container id, with the QEMU
 	// device each is plugged in as.
 	disks map[string]*podDisk
 	// rootBlkFor is the container whose rootfs is the BackendVirtioBlk disk.
 	rootBlkFor string
-	diskSeq    int  // numbers disks, their sockets and QEMU ids
-	stopping   bool // Stop began: no new disk may be registered
+	diskSeq    int // numbers disks, their sockets and QEMU ids
 
-	failOnce sync.Once
-	failed   chan struct{}
-	failErr  error
-
-	stopOnce sync.Once
-	stopErr  error
+	failed   chan struct{} // closed on the move to StateFailed
+	stopping chan struct{} // closed on the move to StateStopping, so watchers exit
+	stopped  chan struct{} // closed on the move to StateStopped
 	watchers sync.WaitGroup
-	done     chan struct{} // closed by Stop so watchers exit
 }
 
-// ErrSandboxFailed is wrapped by errors caused by the death of the VM or of
-// a backend daemon while the pod runs.
-var ErrSandboxFailed = errors.New("sandbox failed")
+// ErrFailed is wrapped by errors caused by the death of the VM or of a
+// backend daemon while the pod runs.
+var ErrFailed = errors.New("sandbox failed")
 
-// validSandboxID keeps ids usable as directory names and QEMU ids.
-func validSandboxID(id string) error {
+// ValidID keeps sandbox, container and exec ids usable as directory
+// names, socket names and QEMU ids.
+func ValidID(id string) error {
 	if id == "" || len(id) > 64 || strings.ContainsAny(id, "/\x00 ,") || id == "." || id == ".." {
 		return fmt.Errorf("invalid sandbox id %q", id)
 	}
 	return nil
 }
 
-// NewSandbox decides the pod's backend, prepares it, boots the VM, connects
-// to the agent and creates the sandbox in the guest. On error nothing is
-// left behind.
-func NewSandbox(ctx context.Context, spec SandboxSpec) (_ *Sandbox, err error) {
-	if err := validSandboxID(spec.ID); err != nil {
+// New decides the pod's backend, prepares it, boots the VM, connects to
+// the agent and creates the sandbox in the guest; the sandbox it returns
+// is ready. On error nothing is left behind.
+func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
+	if err := ValidID(spec.ID); err != nil {
 		return nil, err
 	}
 	d, err := config.Decide(spec.Config, config.Pod{Annotations: spec.Annotations, Rootfs: spec.Rootfs, HostVolumes: spec.HostVolumes})
@@ -115,17 +120,13 @@ func NewSandbox(ctx context.Context, spec SandboxSpec) (_ *Sandbox, err error) {
 		d.Backend, d.Reason = spec.Backend, "requested explicitly (--backend "+spec.Backend+")"
 	}
 	cfg := d.Config
-	s := &Sandbox{
-		ID: spec.ID, Decision: d, cfg: cfg,
-		Dir:    filepath.Join(cfg.KataFSX.StateDir, spec.ID),
-		failed: make(chan struct{}), done: make(chan struct{}),
-		disks: map[string]*podDisk{},
-	}
-	s.life, s.lifeStop = context.WithCancel(context.WithoutCancel(ctx))
+	s := newSandbox(ctx, spec.ID, d)
 	log.G(ctx).WithField("sandbox", spec.ID).Infof("backend %s: %s", d.Backend, d.Reason)
 	defer func() {
 		if err != nil {
-			_ = s.Stop(context.Background())
+			if serr := s.Stop(context.Background()); serr != nil {
+				err = errors.Join(err, fmt.Errorf("clean up after the failed start: %w", serr))
+			}
 		}
 	}()
 	host, err := probe(ctx, cfg)
@@ -193,7 +194,7 @@ func NewSandbox(ctx context.Context, spec SandboxSpec) (_ *Sandbox, err error) {
 	s.agent, err = agent.Dial(dialCtx, transport, timeout)
 	cancel()
 	if err != nil {
-		return nil, s.explain(fmt.Errorf("sandbox %s: guest agent: %w%s", spec.ID, err, s.consoleTail()))
+		return nil, s.Explain(fmt.Errorf("sandbox %s: guest agent: %w%s", spec.ID, err, s.consoleTail()))
 	}
 	req := &pb.CreateSandboxRequest{Hostname: spec.Hostname, SandboxId: spec.ID, Storages: storages, SandboxPidns: false}
 	for _, m := range cfg.AgentKata().KernelModules {
@@ -203,87 +204,64 @@ func NewSandbox(ctx context.Context, spec SandboxSpec) (_ *Sandbox, err error) {
 		}
 	}
 	if err := s.agent.CreateSandbox(ctx, req); err != nil {
-		return nil, s.explain(fmt.Errorf("sandbox %s: agent CreateSandbox: %w", spec.ID, err))
+		return nil, s.Explain(fmt.Errorf("sandbox %s: agent CreateSandbox: %w", spec.ID, err))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.moveLocked(StateReady); err != nil {
+		// Only a failure can have come first: say what died.
+		return nil, s.explainLocked(err)
 	}
 	return s, nil
 }
 
-// prepareBackend starts what the chosen backend needs on the host, adds
-// its device to the VM and returns the storages the agent mounts.
-func (s *Sandbox) prepareBackend(ctx context.Context, host *hostProbe, vmc *hypervisor.VMConfig, spec SandboxSpec) ([]*pb.Storage, error) {
-	q := s.cfg.QEMU()
-	shm := &pb.Storage{Driver: "ephemeral", Source: "shm", Fstype: "tmpfs", MountPoint: guestSandboxShm, Options: []string{"noexec", "nosuid", "nodev", "mode=1777", "size=67108864"}}
-	switch s.Decision.Backend {
-	case config.SharedFSImagefsBlk:
-		d, err := s.createDisk(ctx, spec.ID, spec.Rootfs, spec.RootfsIndex)
-		if err != nil {
-			return nil, err
-		}
-		b := s.cfg.KataFSX.ImagefsBlk
-		vmc.Devices = append(vmc.Devices, &hypervisor.VhostUserBlk{ID: d.deviceID, SocketPath: d.Socket, NumQueues: b.NumQueues, QueueSize: b.QueueSize})
-		storages := []*pb.Storage{shm}
-		if s.Decision.VolumesViaVirtioFS {
-			st, err := s.startVirtioFS(ctx, host, vmc)
-			if err != nil {
-				return nil, err
-			}
-			storages = append(storages, st)
-		}
-		return storages, nil
-	case config.SharedFSVirtioFS:
-		st, err := s.startVirtioFS(ctx, host, vmc)
-		if err != nil {
-			return nil, err
-		}
-		return []*pb.Storage{st, shm}, nil
-	case BackendVirtioBlk:
-		if spec.RootfsBlockFile == "" {
-			return nil, fmt.Errorf("sandbox %s: backend %s needs a raw image file as the rootfs", s.ID, BackendVirtioBlk)
-		}
-		cache := "writeback"
-		if q.BlockDeviceCacheDirect {
-			cache = "none"
-		}
-		vmc.Devices = append(vmc.Devices, &hypervisor.VirtioBlk{ID: rootBlkID, Path: spec.RootfsBlockFile, Format: "raw", Cache: cache, AIO: q.BlockDeviceAIO})
-		s.rootBlkFor = spec.ID
-		return []*pb.Storage{shm}, nil
-	case config.SharedFS9P:
-		var err error
-		if s.shared, err = virtiofs.NewSharedDir(s.Dir); err != nil {
-			return nil, err
-		}
-		vmc.Devices = append(vmc.Devices, &hypervisor.Virtio9P{ID: "virtio-9p-0", Path: s.shared.Root, MountTag: sharedTag})
-		st := &pb.Storage{Driver: "9p", Source: sharedTag, Fstype: "9p", MountPoint: virtiofs.GuestSharedMount,
-			Options: []string{"trans=virtio", "version=9p2000.L", fmt.Sprintf("msize=%d", q.Msize9p), "cache=mmap"}}
-		return []*pb.Storage{st, shm}, nil
+// newSandbox is a booting sandbox with nothing started yet; its directory
+// is under the state directory of the decision's configuration.
+func newSandbox(ctx context.Context, id string, d config.Decision) *Sandbox {
+	s := &Sandbox{
+		ID: id, Decision: d, cfg: d.Config,
+		Dir:    filepath.Join(d.Config.KataFSX.StateDir, id),
+		state:  StateBooting,
+		failed: make(chan struct{}), stopping: make(chan struct{}), stopped: make(chan struct{}),
+		disks: map[string]*podDisk{},
 	}
-	return nil, fmt.Errorf("sandbox %s: backend %s is not wired into the sandbox yet", s.ID, s.Decision.Backend)
+	s.life, s.lifeStop = context.WithCancel(context.WithoutCancel(ctx))
+	return s
 }
 
-// startVirtioFS runs virtiofsd on the sandbox's shared directory and adds
-// the vhost-user-fs device; it returns the storage the agent mounts.
-func (s *Sandbox) startVirtioFS(ctx context.Context, host *hostProbe, vmc *hypervisor.VMConfig) (*pb.Storage, error) {
-	q := s.cfg.QEMU()
-	var err error
-	if s.shared, err = virtiofs.NewSharedDir(s.Dir); err != nil {
-		return nil, err
+// State returns where the sandbox is in its life.
+func (s *Sandbox) State() State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state
+}
+
+// moveLocked makes a checked move to another state; s.mu is held.
+func (s *Sandbox) moveLocked(to State) error {
+	if !canMove(s.state, to) {
+		return &StateError{ID: s.ID, Op: "become " + to.String(), State: s.state}
 	}
-	if host.daemon == nil {
-		return nil, fmt.Errorf("sandbox %s: virtiofsd %s: %w", s.ID, q.VirtioFSDaemon, host.daemonErr)
+	s.state = to
+	switch to {
+	case StateFailed:
+		close(s.failed)
+	case StateStopping:
+		close(s.stopping)
+	case StateStopped:
+		close(s.stopped)
 	}
-	sock := filepath.Join(s.Dir, "vhost-fs.sock")
-	s.vfsd, err = virtiofs.Start(ctx, virtiofs.Options{Daemon: host.daemon, SharedDir: s.shared.Root, Cache: q.VirtioFSCache, ExtraArgs: q.VirtioFSExtraArgs}, sock)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
+	return nil
+}
+
+// requireLocked refuses op unless the sandbox is in one of the states
+// given; s.mu is held.
+func (s *Sandbox) requireLocked(op string, states ...State) error {
+	for _, st := range states {
+		if s.state == st {
+			return nil
+		}
 	}
-	s.watch(func() (<-chan struct{}, func() error) { return s.vfsd.Done(), s.vfsd.Err })
-	vmc.Devices = append(vmc.Devices, &hypervisor.VhostUserFS{ID: "vhost-user-fs-0", SocketPath: sock, Tag: sharedTag,
-		QueueSize: q.VirtioFSQueueSize, DAXWindowMiB: uint64(q.VirtioFSCacheSize)})
-	st := &pb.Storage{Driver: "virtio-fs", Source: sharedTag, Fstype: "virtiofs", MountPoint: virtiofs.GuestSharedMount}
-	if q.VirtioFSCacheSize > 0 {
-		st.Options = []string{"dax"}
-	}
-	return st, nil
+	return s.explainLocked(&StateError{ID: s.ID, Op: op, State: s.state})
 }
 
 // watch fails the sandbox when a component it depends on exits.
@@ -299,16 +277,21 @@ func (s *Sandbox) watch(component func() (<-chan struct{}, func() error)) {
 				err = errors.New("exited")
 			}
 			s.fail(err)
-		case <-s.done:
+		case <-s.stopping:
 		}
 	}()
 }
 
+// fail moves a booting or ready sandbox to StateFailed. A component that
+// exits once Stop began is being stopped, not failing: that is ignored.
 func (s *Sandbox) fail(err error) {
-	s.failOnce.Do(func() {
-		s.failErr = fmt.Errorf("%w: %s: %w", ErrSandboxFailed, s.ID, err)
-		close(s.failed)
-	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != StateBooting && s.state != StateReady {
+		return
+	}
+	s.failErr = fmt.Errorf("%w: %s: %w", ErrFailed, s.ID, err)
+	_ = s.moveLocked(StateFailed) // booting and ready may always fail
 }
 
 // Failed is closed when the VM or a backend daemon died under the pod.
@@ -316,22 +299,24 @@ func (s *Sandbox) Failed() <-chan struct{} { return s.failed }
 
 // Err says why the sandbox failed; nil while it has not.
 func (s *Sandbox) Err() error {
-	select {
-	case <-s.failed:
-		return s.failErr
-	default:
-		return nil
-	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failErr
 }
 
-// explain prefers the root cause (a dead daemon or VM) over the symptom.
-func (s *Sandbox) explain(err error) error {
-	select {
-	case <-s.failed:
+// Explain prefers the root cause (a dead daemon or VM) over the symptom
+// err, which a request to a dead guest reports.
+func (s *Sandbox) Explain(err error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.explainLocked(err)
+}
+
+func (s *Sandbox) explainLocked(err error) error {
+	if s.failErr != nil {
 		return fmt.Errorf("%w (%w)", s.failErr, err)
-	default:
-		return err
 	}
+	return err
 }
 
 // consoleTail returns the end of the guest console log, for errors about a
@@ -353,14 +338,19 @@ func (s *Sandbox) consoleTail() string {
 	return "; guest console (last lines):\n" + string(b)
 }
 
-// releaseAgent closes the sandbox's agent connection so another client
+// ReleaseAgent closes the sandbox's agent connection so another client
 // (kata-fsx exec) can take the channel; Stop then skips DestroySandbox and
 // quits QEMU.
-func (s *Sandbox) releaseAgent() {
-	if s.agent != nil {
-		s.agent.Close()
-		s.agent = nil
+func (s *Sandbox) ReleaseAgent() error {
+	a := s.agent
+	s.agent = nil
+	if a == nil {
+		return nil
 	}
+	if err := a.Close(); err != nil {
+		return fmt.Errorf("sandbox %s: close the agent connection: %w", s.ID, err)
+	}
+	return nil
 }
 
 // Agent returns the connection to the guest agent.
@@ -380,8 +370,15 @@ type ContainerSpec struct {
 
 // CreateContainer shares the container's rootfs with the guest (on
 // imagefs-blk, hot-plugging its disk when the VM already runs) and creates
-// it in the agent. On error the container's disk is gone again.
+// it in the agent; the sandbox must be ready. On error the container's
+// disk is gone again.
 func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err error) {
+	s.mu.Lock()
+	err = s.requireLocked("create container "+c.ID, StateReady)
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	readonly := c.OCI != nil && c.OCI.Root != nil && c.OCI.Root.Readonly
 	// The spec is checked before anything is built or plugged for it.
 	spec, err := agentSpec(c.OCI, "", readonly)
@@ -424,7 +421,7 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 		return fmt.Errorf("container %s: backend %s is not wired yet", c.ID, s.Decision.Backend)
 	}
 	if err := s.agent.CreateContainer(ctx, &pb.CreateContainerRequest{ContainerId: c.ID, ExecId: c.ID, OCI: spec, Storages: storages}); err != nil {
-		return s.explain(fmt.Errorf("container %s: agent CreateContainer: %w", c.ID, err))
+		return s.Explain(fmt.Errorf("container %s: agent CreateContainer: %w", c.ID, err))
 	}
 	return nil
 }
@@ -432,12 +429,14 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 // RemoveContainer removes a container from the guest and releases its
 // rootfs share on the host: a hot-plugged imagefs-blk disk is unplugged
 // and deleted; the first container's disk, cold-plugged on the root bus,
-// stays until Stop.
+// stays until Stop. Once the sandbox is no longer ready there is no guest
+// to ask, and only the host side is released.
 func (s *Sandbox) RemoveContainer(ctx context.Context, cid string, timeout time.Duration) error {
 	var errs []error
-	if s.Err() == nil && s.agent != nil {
+	ready := s.State() == StateReady
+	if ready && s.agent != nil {
 		if err := s.agent.RemoveContainer(ctx, cid, timeout); err != nil {
-			errs = append(errs, s.explain(fmt.Errorf("container %s: %w", cid, err)))
+			errs = append(errs, s.Explain(fmt.Errorf("container %s: %w", cid, err)))
 		}
 	}
 	if s.shared != nil && (s.Decision.Backend == config.SharedFSVirtioFS || s.Decision.Backend == config.SharedFS9P) {
@@ -445,7 +444,7 @@ func (s *Sandbox) RemoveContainer(ctx context.Context, cid string, timeout time.
 			errs = append(errs, err)
 		}
 	}
-	if s.Decision.Backend == config.SharedFSImagefsBlk && s.Err() == nil && s.vm != nil {
+	if s.Decision.Backend == config.SharedFSImagefsBlk && ready && s.vm != nil {
 		if err := s.unplugDisk(cid); err != nil {
 			errs = append(errs, err)
 		}
@@ -453,54 +452,75 @@ func (s *Sandbox) RemoveContainer(ctx context.Context, cid string, timeout time.
 	return errors.Join(errs...)
 }
 
-// Stop tears the sandbox down: the guest (DestroySandbox, then QEMU), the
-// backend daemons, mounts, sockets and the sandbox directory. It is safe
-// to call more than once and after a failure.
+// Stop tears the sandbox down from any state: the guest (DestroySandbox,
+// then QEMU), the backend daemons, disks, mounts, sockets and the sandbox
+// directory. It returns every error of the teardown. A second call waits
+// for the first and returns its result.
 func (s *Sandbox) Stop(ctx context.Context) error {
-	s.stopOnce.Do(func() {
-		close(s.done)
-		s.mu.Lock()
-		s.stopping = true
+	s.mu.Lock()
+	if s.state == StateStopping || s.state == StateStopped {
 		s.mu.Unlock()
-		var errs []error
-		if s.agent != nil {
-			if s.Err() == nil {
-				dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				_ = s.agent.DestroySandbox(dctx) // the VM powers off; QMP quit covers a hung guest
-				cancel()
-			}
-			s.agent.Close()
-		}
-		if s.vm != nil {
-			if err := s.vm.Stop(ctx); err != nil {
-				errs = append(errs, fmt.Errorf("stop QEMU: %w", err))
-			}
-		}
-		if s.vfsd != nil {
-			_ = s.vfsd.Stop(ctx)
+		select {
+		case <-s.stopped:
+		case <-ctx.Done():
+			return fmt.Errorf("sandbox %s: wait for the teardown under way: %w", s.ID, ctx.Err())
 		}
 		s.mu.Lock()
-		disks := s.disks
-		s.disks = map[string]*podDisk{}
-		s.mu.Unlock()
-		for cid, d := range disks {
-			if err := d.remove(); err != nil {
-				errs = append(errs, fmt.Errorf("container %s disk: %w", cid, err))
+		defer s.mu.Unlock()
+		return s.stopErr
+	}
+	wasFailed := s.state == StateFailed
+	_ = s.moveLocked(StateStopping) // every state before stopping may stop
+	// No disk can be added from here on; Stop removes the ones there are.
+	disks := s.disks
+	s.disks = map[string]*podDisk{}
+	s.mu.Unlock()
+
+	var errs []error
+	if s.agent != nil {
+		if !wasFailed {
+			dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			if err := s.agent.DestroySandbox(dctx); err != nil {
+				// Not a leak: QEMU's quit below ends a guest that did not
+				// power off, so this is a warning, not a teardown error.
+				log.G(ctx).WithField("sandbox", s.ID).WithError(err).Warn("agent DestroySandbox failed; quitting QEMU")
 			}
+			cancel()
 		}
-		if s.shared != nil {
-			if err := s.shared.Cleanup(); err != nil {
-				errs = append(errs, err)
-			}
+		if err := s.agent.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close the agent connection: %w", err))
 		}
-		s.lifeStop()
-		s.watchers.Wait()
-		if s.Dir != "" {
-			if err := removeUnmounted(s.Dir); err != nil {
-				errs = append(errs, fmt.Errorf("remove sandbox directory: %w", err))
-			}
+	}
+	if s.vm != nil {
+		if err := s.vm.Stop(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("stop QEMU: %w", err))
 		}
-		s.stopErr = errors.Join(errs...)
-	})
+	}
+	if s.vfsd != nil {
+		if err := s.vfsd.Stop(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("stop virtiofsd: %w", err))
+		}
+	}
+	for cid, d := range disks {
+		if err := d.remove(); err != nil {
+			errs = append(errs, fmt.Errorf("container %s disk: %w", cid, err))
+		}
+	}
+	if s.shared != nil {
+		if err := s.shared.Cleanup(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.lifeStop()
+	s.watchers.Wait()
+	if s.Dir != "" {
+		if err := mount.RemoveUnmounted(s.Dir); err != nil {
+			errs = append(errs, fmt.Errorf("remove sandbox directory: %w", err))
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopErr = errors.Join(errs...)
+	_ = s.moveLocked(StateStopped) // stopping always ends stopped
 	return s.stopErr
 }

@@ -1,9 +1,10 @@
-package shim
+package sandbox
 
 import (
 	"context"
 	"fmt"
 
+	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
 	"github.com/kata-fsx/kata-fsx/config"
@@ -31,7 +32,7 @@ func probe(ctx context.Context, c *config.Config) (*hostProbe, error) {
 	h.facts.QEMUProbed, h.facts.QEMUHasDAX = true, h.caps.DAX
 	var why string
 	if h.accel, why = hypervisor.ChooseAccel(ctx, c.KataFSX.Accelerator, q.Path, q.Kernel, c.KataFSX.StateDir); h.accel == hypervisor.AccelTCG && c.KataFSX.Accelerator != config.AccelTCG {
-		logWarn(ctx, "no KVM (%s): the guest runs under TCG, slowly", why)
+		log.G(ctx).Warnf("no KVM (%s): the guest runs under TCG, slowly", why)
 	}
 	switch c.KataFSX.AgentTransport {
 	case config.TransportVsock:

@@ -1,0 +1,90 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
+	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/hypervisor"
+	"github.com/kata-fsx/kata-fsx/virtiofs"
+)
+
+// prepareBackend starts what the chosen backend needs on the host, adds
+// its device to the VM and returns the storages the agent mounts.
+func (s *Sandbox) prepareBackend(ctx context.Context, host *hostProbe, vmc *hypervisor.VMConfig, spec Spec) ([]*pb.Storage, error) {
+	q := s.cfg.QEMU()
+	shm := &pb.Storage{Driver: "ephemeral", Source: "shm", Fstype: "tmpfs", MountPoint: guestSandboxShm, Options: []string{"noexec", "nosuid", "nodev", "mode=1777", "size=67108864"}}
+	switch s.Decision.Backend {
+	case config.SharedFSImagefsBlk:
+		d, err := s.createDisk(ctx, spec.ID, spec.Rootfs, spec.RootfsIndex)
+		if err != nil {
+			return nil, err
+		}
+		b := s.cfg.KataFSX.ImagefsBlk
+		vmc.Devices = append(vmc.Devices, &hypervisor.VhostUserBlk{ID: d.deviceID, SocketPath: d.Socket, NumQueues: b.NumQueues, QueueSize: b.QueueSize})
+		storages := []*pb.Storage{shm}
+		if s.Decision.VolumesViaVirtioFS {
+			st, err := s.startVirtioFS(ctx, host, vmc)
+			if err != nil {
+				return nil, err
+			}
+			storages = append(storages, st)
+		}
+		return storages, nil
+	case config.SharedFSVirtioFS:
+		st, err := s.startVirtioFS(ctx, host, vmc)
+		if err != nil {
+			return nil, err
+		}
+		return []*pb.Storage{st, shm}, nil
+	case BackendVirtioBlk:
+		if spec.RootfsBlockFile == "" {
+			return nil, fmt.Errorf("sandbox %s: backend %s needs a raw image file as the rootfs", s.ID, BackendVirtioBlk)
+		}
+		cache := "writeback"
+		if q.BlockDeviceCacheDirect {
+			cache = "none"
+		}
+		vmc.Devices = append(vmc.Devices, &hypervisor.VirtioBlk{ID: rootBlkID, Path: spec.RootfsBlockFile, Format: "raw", Cache: cache, AIO: q.BlockDeviceAIO})
+		s.rootBlkFor = spec.ID
+		return []*pb.Storage{shm}, nil
+	case config.SharedFS9P:
+		var err error
+		if s.shared, err = virtiofs.NewSharedDir(s.Dir); err != nil {
+			return nil, err
+		}
+		vmc.Devices = append(vmc.Devices, &hypervisor.Virtio9P{ID: "virtio-9p-0", Path: s.shared.Root, MountTag: sharedTag})
+		st := &pb.Storage{Driver: "9p", Source: sharedTag, Fstype: "9p", MountPoint: virtiofs.GuestSharedMount,
+			Options: []string{"trans=virtio", "version=9p2000.L", fmt.Sprintf("msize=%d", q.Msize9p), "cache=mmap"}}
+		return []*pb.Storage{st, shm}, nil
+	}
+	return nil, fmt.Errorf("sandbox %s: backend %s is not wired into the sandbox yet", s.ID, s.Decision.Backend)
+}
+
+// startVirtioFS runs virtiofsd on the sandbox's shared directory and adds
+// the vhost-user-fs device; it returns the storage the agent mounts.
+func (s *Sandbox) startVirtioFS(ctx context.Context, host *hostProbe, vmc *hypervisor.VMConfig) (*pb.Storage, error) {
+	q := s.cfg.QEMU()
+	var err error
+	if s.shared, err = virtiofs.NewSharedDir(s.Dir); err != nil {
+		return nil, err
+	}
+	if host.daemon == nil {
+		return nil, fmt.Errorf("sandbox %s: virtiofsd %s: %w", s.ID, q.VirtioFSDaemon, host.daemonErr)
+	}
+	sock := filepath.Join(s.Dir, "vhost-fs.sock")
+	s.vfsd, err = virtiofs.Start(ctx, virtiofs.Options{Daemon: host.daemon, SharedDir: s.shared.Root, Cache: q.VirtioFSCache, ExtraArgs: q.VirtioFSExtraArgs}, sock)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
+	}
+	s.watch(func() (<-chan struct{}, func() error) { return s.vfsd.Done(), s.vfsd.Err })
+	vmc.Devices = append(vmc.Devices, &hypervisor.VhostUserFS{ID: "vhost-user-fs-0", SocketPath: sock, Tag: sharedTag,
+		QueueSize: q.VirtioFSQueueSize, DAXWindowMiB: uint64(q.VirtioFSCacheSize)})
+	st := &pb.Storage{Driver: "virtio-fs", Source: sharedTag, Fstype: "virtiofs", MountPoint: virtiofs.GuestSharedMount}
+	if q.VirtioFSCacheSize > 0 {
+		st.Options = []string{"dax"}
+	}
+	return st, nil
+}

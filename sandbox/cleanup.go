@@ -1,0 +1,73 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kata-fsx/kata-fsx/mount"
+)
+
+// CleanupDir kills what still runs off the directory of a sandbox whose
+// shim died (QEMU, virtiofsd), unmounts what is mounted below it and
+// removes it.
+func CleanupDir(dir string) error {
+	dir = filepath.Clean(dir)
+	if !filepath.IsAbs(dir) || dir == "/" {
+		return fmt.Errorf("refusing to clean sandbox directory %q", dir)
+	}
+	for _, pid := range processesUsing(dir) {
+		// A process that exited meanwhile is what we want.
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("kill process %d using %s: %w", pid, dir, err)
+		}
+	}
+	// Give the kernel a moment to release the killed processes' sockets
+	// and mounts before unmounting.
+	for i := 0; i < 50 && len(processesUsing(dir)) > 0; i++ {
+		time.Sleep(100 * time.Millisecond)
+	}
+	mounts, err := mount.Under(dir)
+	if err != nil {
+		return err
+	}
+	for i := len(mounts) - 1; i >= 0; i-- {
+		if err := unix.Unmount(mounts[i], unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("unmount %s: %w", mounts[i], err)
+		}
+	}
+	if err := mount.RemoveUnmounted(dir); err != nil {
+		return err
+	}
+	return nil
+}
+
+// processesUsing lists the processes whose command line names a path at
+// or below dir: a pod's QEMU and virtiofsd do.
+func processesUsing(dir string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, en := range ents {
+		var pid int
+		if _, err := fmt.Sscanf(en.Name(), "%d", &pid); err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", en.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		for _, a := range strings.Split(string(b), "\x00") {
+			if strings.Contains(a, dir+"/") || strings.HasSuffix(a, dir) {
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	return pids
+}
