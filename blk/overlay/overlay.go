@@ -426,8 +426,8 @@ func (d *Device) ReadVecAt(bufs [][]byte, off int64) (int, error) {
 
 // readOverlayVec reads n bytes of dirty blocks at pos through the page
 // cache, even runs that were written with O_DIRECT: on a cold cache the
-// kernel's readahead served 16 parallel 128 KiB reads about 1.5x faster
-// than O_DIRECT did (tried 2026-12-02 with a side-by-side benchmark).
+// kernel's readahead serves parallel large reads faster than O_DIRECT
+// reads of the same runs (docs/benchmarks.md has the measurement).
 func (d *Device) readOverlayVec(src *iovec.Cursor, pos, n int64) error {
 	iovp := d.iovs.Get().(*[]unix.Iovec)
 	full := src.Iovecs((*iovp)[:0], n)
