@@ -1,3 +1,8 @@
+// Package shim is kata-fsx's containerd shim v2, in containerd's language
+// only: the start and delete commands that containerd runs (the manager),
+// the Task API service (v2 and v3) over ttrpc, task and exec processes
+// with their stdio, and events. Everything about the VM is package
+// sandbox's: one sandbox per shim, booted by the pod's first container.
 package shim
 
 import (
