@@ -32,11 +32,8 @@ func (c indexCache) load(key string, want Source) *Index {
 		return nil
 	}
 	defer f.Close()
-	ix, flags, err := decode(bufio.NewReaderSize(f, 1<<16))
-	if err != nil || flags != flagLayer || len(ix.Sources) != 1 || ix.Sources[0] != want {
-		return nil
-	}
-	if ix.validate(true) != nil {
+	ix, err := DecodeLayer(bufio.NewReaderSize(f, 1<<16))
+	if err != nil || len(ix.Sources) != 1 || ix.Sources[0] != want {
 		return nil
 	}
 	return ix
@@ -57,7 +54,7 @@ func (c indexCache) store(key string, ix *Index) error {
 	}
 	defer os.Remove(f.Name())
 	bw := bufio.NewWriterSize(f, 1<<16)
-	err = encode(bw, ix, flagLayer)
+	err = EncodeLayer(bw, ix)
 	if err == nil {
 		err = bw.Flush()
 	}

@@ -185,7 +185,7 @@ func Decode(r io.Reader) (*Index, error) {
 	}
 	if flags&flagLayer != 0 {
 		// Per-layer indexes live only in the layer cache.
-		return nil, invalidf("decode index: a per-layer cache index, not a merged index")
+		return nil, Invalidf("decode index: a per-layer cache index, not a merged index")
 	}
 	if err := ix.validate(false); err != nil {
 		return nil, fmt.Errorf("decode index: %w", err)
@@ -199,18 +199,18 @@ func decode(r io.Reader) (*Index, uint32, error) {
 		return nil, 0, fmt.Errorf("decode index header: %w", err)
 	}
 	if string(hdr[:8]) != encMagic {
-		return nil, 0, invalidf("decode index: bad magic")
+		return nil, 0, Invalidf("decode index: bad magic")
 	}
 	if v := binary.LittleEndian.Uint32(hdr[8:]); v != encVersion {
-		return nil, 0, invalidf("decode index: unsupported version %d", v)
+		return nil, 0, Invalidf("decode index: unsupported version %d", v)
 	}
 	flags := binary.LittleEndian.Uint32(hdr[12:])
 	if flags&^flagLayer != 0 || binary.LittleEndian.Uint32(hdr[28:]) != 0 {
-		return nil, 0, invalidf("decode index: unknown flags %#x", flags)
+		return nil, 0, Invalidf("decode index: unknown flags %#x", flags)
 	}
 	n := binary.LittleEndian.Uint64(hdr[16:])
 	if n > MaxEncodedSize {
-		return nil, 0, invalidf("decode index: payload of %d bytes exceeds %d", n, uint64(MaxEncodedSize))
+		return nil, 0, Invalidf("decode index: payload of %d bytes exceeds %d", n, uint64(MaxEncodedSize))
 	}
 	// Grow with the data actually read rather than trusting n up front.
 	var buf bytes.Buffer
@@ -219,10 +219,10 @@ func decode(r io.Reader) (*Index, uint32, error) {
 	}
 	b := buf.Bytes()
 	if uint64(len(b)) != n {
-		return nil, 0, invalidf("decode index: truncated payload (%d of %d bytes)", len(b), n)
+		return nil, 0, Invalidf("decode index: truncated payload (%d of %d bytes)", len(b), n)
 	}
 	if crc32.Checksum(b, castagnoli) != binary.LittleEndian.Uint32(hdr[24:]) {
-		return nil, 0, invalidf("decode index: checksum mismatch")
+		return nil, 0, Invalidf("decode index: checksum mismatch")
 	}
 	d := decoder{b: b}
 	ix := d.index()
@@ -256,7 +256,7 @@ func (d *decoder) uvarint() uint64 {
 	}
 	v, n := binary.Uvarint(d.b[d.off:])
 	if n <= 0 {
-		d.fail(invalidf("bad varint"))
+		d.fail(Invalidf("bad varint"))
 		return 0
 	}
 	d.off += n
@@ -269,7 +269,7 @@ func (d *decoder) varint() int64 {
 	}
 	v, n := binary.Varint(d.b[d.off:])
 	if n <= 0 {
-		d.fail(invalidf("bad varint"))
+		d.fail(Invalidf("bad varint"))
 		return 0
 	}
 	d.off += n
@@ -281,7 +281,7 @@ func (d *decoder) varint() int64 {
 func (d *decoder) u32(what string) uint32 {
 	v := d.uvarint()
 	if v > math.MaxUint32 {
-		d.fail(invalidf("%s %d out of range", what, v))
+		d.fail(Invalidf("%s %d out of range", what, v))
 		return 0
 	}
 	return uint32(v)
@@ -291,7 +291,7 @@ func (d *decoder) u32(what string) uint32 {
 func (d *decoder) i64(what string) int64 {
 	v := d.uvarint()
 	if v > maxInt64 {
-		d.fail(invalidf("%s %d out of range", what, v))
+		d.fail(Invalidf("%s %d out of range", what, v))
 		return 0
 	}
 	return int64(v)
@@ -302,7 +302,7 @@ func (d *decoder) i64(what string) int64 {
 func (d *decoder) count(what string, min int) int {
 	v := d.uvarint()
 	if v > uint64(len(d.b)-d.off)/uint64(min) {
-		d.fail(invalidf("%s count %d exceeds the remaining data", what, v))
+		d.fail(Invalidf("%s count %d exceeds the remaining data", what, v))
 		return 0
 	}
 	return int(v)
@@ -316,7 +316,7 @@ func (d *decoder) bytes(max int) []byte {
 		return nil
 	}
 	if v > uint64(max) || v > uint64(len(d.b)-d.off) {
-		d.fail(invalidf("string of %d bytes too long or truncated", v))
+		d.fail(Invalidf("string of %d bytes too long or truncated", v))
 		return nil
 	}
 	s := d.b[d.off : d.off+int(v)]
@@ -333,7 +333,7 @@ func (d *decoder) byte() byte {
 		return 0
 	}
 	if d.off >= len(d.b) {
-		d.fail(invalidf("truncated"))
+		d.fail(Invalidf("truncated"))
 		return 0
 	}
 	c := d.b[d.off]
@@ -369,14 +369,14 @@ func (d *decoder) index() *Index {
 		var e Entry
 		d.entry(&e, prev)
 		if d.err != nil {
-			d.err = fmt.Errorf("entry %d after %q: %w", len(ix.Entries), trunc(prev), d.err)
+			d.err = fmt.Errorf("entry %d after %q: %w", len(ix.Entries), Trunc(prev), d.err)
 			return nil
 		}
 		ix.Entries = append(ix.Entries, e)
 		prev = e.Path
 	}
 	if d.off != len(d.b) {
-		d.fail(invalidf("%d trailing bytes", len(d.b)-d.off))
+		d.fail(Invalidf("%d trailing bytes", len(d.b)-d.off))
 		return nil
 	}
 	return ix
@@ -386,19 +386,19 @@ func (d *decoder) index() *Index {
 func (d *decoder) entry(e *Entry, prev string) {
 	shared := d.uvarint()
 	if shared > uint64(len(prev)) {
-		d.fail(invalidf("shared prefix %d longer than previous path", shared))
+		d.fail(Invalidf("shared prefix %d longer than previous path", shared))
 		return
 	}
 	suffix := d.bytes(MaxPathLen)
 	if int(shared)+len(suffix) > MaxPathLen {
-		d.fail(invalidf("path too long"))
+		d.fail(Invalidf("path too long"))
 		return
 	}
 	e.Path = prev[:shared] + string(suffix)
 	e.Type = Type(d.byte())
 	f := d.uvarint()
 	if f&^efAll != 0 {
-		d.fail(invalidf("unknown entry flags %#x", f))
+		d.fail(Invalidf("unknown entry flags %#x", f))
 		return
 	}
 	e.Mode = d.u32("mode")
@@ -447,12 +447,12 @@ func (d *decoder) entry(e *Entry, prev string) {
 			}
 		}
 	} else if f&(efDataPathIsPath|efSegments) != 0 {
-		d.fail(invalidf("data flags without data"))
+		d.fail(Invalidf("data flags without data"))
 	}
 	if f&efIno != 0 {
 		e.Ino = d.u32("inode")
 		if e.Ino == 0 {
-			d.fail(invalidf("zero inode flagged"))
+			d.fail(Invalidf("zero inode flagged"))
 		}
 	}
 }

@@ -149,7 +149,7 @@ func fuzzTarOne(t *testing.T, data []byte) {
 		if err != nil {
 			return
 		}
-		if err := ix.validate(true); err != nil {
+		if err := ix.ValidateLayer(); err != nil {
 			t.Fatalf("accepted layer yields an invalid index: %v", err)
 		}
 		for _, e := range ix.Entries {
@@ -158,9 +158,9 @@ func fuzzTarOne(t *testing.T, data []byte) {
 			}
 		}
 		var buf bytes.Buffer
-		must(t, encode(&buf, ix, flagLayer))
-		dec, flags, err := decode(&buf)
-		if err != nil || flags != flagLayer {
+		must(t, EncodeLayer(&buf, ix))
+		dec, err := DecodeLayer(&buf)
+		if err != nil {
 			t.Fatalf("layer index does not decode: %v", err)
 		}
 		if !reflect.DeepEqual(normalize(dec), normalize(ix)) {
@@ -184,7 +184,7 @@ func FuzzDecode(f *testing.F) {
 		ix, err := readTarLayer(context.Background(), bytes.NewReader(tb), Source{Kind: SourceBlob, ID: digestOf(tb)}, 100, "seed")
 		must(f, err)
 		var buf bytes.Buffer
-		must(f, encode(&buf, ix, flagLayer))
+		must(f, EncodeLayer(&buf, ix))
 		f.Add(buf.Bytes())
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -205,7 +205,7 @@ func FuzzDecode(f *testing.F) {
 func fuzzDecodeOne(t *testing.T, data []byte) {
 	{
 		// The layer cache path: decode, relaxed validation, merge.
-		if lx, flags, err := decode(bytes.NewReader(data)); err == nil && flags == flagLayer && lx.validate(true) == nil && len(lx.Sources) == 1 {
+		if lx, err := DecodeLayer(bytes.NewReader(data)); err == nil && len(lx.Sources) == 1 {
 			if m, err := merge(context.Background(), []*Index{lx}, []string{"fuzz"}, 5000); err == nil {
 				if err := m.Validate(); err != nil {
 					t.Fatalf("merge of a cached layer gives an invalid index: %v", err)

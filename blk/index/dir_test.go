@@ -225,7 +225,7 @@ func TestFromDirGenerated(t *testing.T) {
 		}
 	}
 	for _, name := range gen.caps {
-		if v, ok := xattrValue(ix.Entries[ix.Lookup(name)].Xattrs, "security.capability"); !ok || !bytes.Equal(v, vfsCapV2) {
+		if v, ok := XattrValue(ix.Entries[ix.Lookup(name)].Xattrs, "security.capability"); !ok || !bytes.Equal(v, vfsCapV2) {
 			t.Errorf("%s: security.capability %x", name, v)
 		}
 	}

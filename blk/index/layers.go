@@ -23,12 +23,12 @@ import (
 // containerd does not create in snapshot layers.
 func FromLayers(ctx context.Context, layers []string, opts Options) (*Index, error) {
 	if len(layers) == 0 {
-		return nil, invalidf("no layers")
+		return nil, Invalidf("no layers")
 	}
 	if opts.LayerKeys != nil && len(opts.LayerKeys) != len(layers) {
 		return nil, fmt.Errorf("%d layer keys for %d layers: %w", len(opts.LayerKeys), len(layers), ErrInvalid)
 	}
-	st := opts.stats()
+	st := opts.Counters()
 	cache := indexCache{dir: opts.CacheDir}
 	idx := make([]*Index, len(layers))
 	names := make([]string, len(layers))
@@ -57,7 +57,7 @@ func FromLayers(ctx context.Context, layers []string, opts Options) (*Index, err
 		}
 		idx[i] = ix
 	}
-	ix, err := merge(ctx, idx, names, opts.maxEntries())
+	ix, err := merge(ctx, idx, names, opts.EntryLimit())
 	if err != nil {
 		return nil, err
 	}

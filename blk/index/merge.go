@@ -8,10 +8,8 @@ import (
 	"strings"
 )
 
-// A per-layer index describes one layer as overlayfs sees it: whiteouts are
-// character devices 0:0, opaque directories carry xattrOpaque="y", and tar
-// layers add the xattrImplicit and xattrLowerLink markers. merge folds such
-// layers, lowest first, into one tree with overlayfs semantics.
+// impliedDir is shared by every implied directory of a merge; emit copies it.
+var impliedDir = ImpliedDir()
 
 // mnode is one name of the tree being merged.
 type mnode struct {
@@ -22,25 +20,13 @@ type mnode struct {
 	isDir bool
 }
 
-// defaultDir is the metadata of a directory that only a tar layer implies.
-var defaultDir = Entry{Type: TypeDir, Mode: 0o755}
-
-func isWhiteout(e *Entry) bool {
-	return e.Type == TypeChar && e.Devmajor == 0 && e.Devminor == 0
-}
-
-func isOpaque(e *Entry) bool {
-	v, ok := xattrValue(e.Xattrs, xattrOpaque)
-	return ok && string(v) == "y"
-}
-
 // merge applies layers (each with exactly one Source) from lowest to
 // highest and returns the merged index. names are used in errors.
 func merge(ctx context.Context, layers []*Index, names []string, max int) (*Index, error) {
 	if len(layers) == 0 {
-		return nil, invalidf("no layers")
+		return nil, Invalidf("no layers")
 	}
-	root := &mnode{e: &defaultDir, isDir: true}
+	root := &mnode{e: &impliedDir, isDir: true}
 	linked := map[uint64]bool{}
 	type frame struct {
 		path string
@@ -49,17 +35,17 @@ func merge(ctx context.Context, layers []*Index, names []string, max int) (*Inde
 	stack := make([]frame, 0, 64)
 	for li, l := range layers {
 		if len(l.Sources) != 1 {
-			return nil, fmt.Errorf("layer %s: %w", names[li], invalidf("%d sources, want 1", len(l.Sources)))
+			return nil, fmt.Errorf("layer %s: %w", names[li], Invalidf("%d sources, want 1", len(l.Sources)))
 		}
 		// Hard links into lower layers resolve against the tree before this
 		// layer changes it.
 		lower := map[string]*mnode{}
 		for i := range l.Entries {
 			e := &l.Entries[i]
-			if e.Type == TypeHardlink && hasXattr(e.Xattrs, xattrLowerLink) {
+			if e.Type == TypeHardlink && HasXattr(e.Xattrs, XattrLowerLink) {
 				t := lookupNode(root, e.Linkname)
 				if t == nil || t.isDir {
-					return nil, fmt.Errorf("layer %s: entry %q: %w", names[li], trunc(e.Path), invalidf("hard link target %q missing in lower layers or a directory", trunc(e.Linkname)))
+					return nil, fmt.Errorf("layer %s: entry %q: %w", names[li], Trunc(e.Path), Invalidf("hard link target %q missing in lower layers or a directory", Trunc(e.Linkname)))
 				}
 				lower[e.Path] = t
 			}
@@ -74,26 +60,26 @@ func merge(ctx context.Context, layers []*Index, names []string, max int) (*Inde
 			e := &l.Entries[i]
 			if i == 0 {
 				// The layer's root directory.
-				if !hasXattr(e.Xattrs, xattrImplicit) {
+				if !HasXattr(e.Xattrs, XattrImplicit) {
 					root.e, root.src = e, uint32(li)
 				}
-				if isOpaque(e) {
+				if IsOpaque(e) {
 					root.kids = nil
 				}
 				stack = append(stack, frame{".", root})
 				continue
 			}
-			pp := parentPath(e.Path)
+			pp := ParentPath(e.Path)
 			for len(stack) > 0 && stack[len(stack)-1].path != pp {
 				stack = stack[:len(stack)-1]
 			}
 			if len(stack) == 0 {
-				return nil, fmt.Errorf("layer %s: entry %q: %w", names[li], trunc(e.Path), invalidf("parent is not a directory of the layer"))
+				return nil, fmt.Errorf("layer %s: entry %q: %w", names[li], Trunc(e.Path), Invalidf("parent is not a directory of the layer"))
 			}
 			parent := stack[len(stack)-1].n
-			name := baseName(e.Path)
+			name := BaseName(e.Path)
 			old := parent.kids[name]
-			if isWhiteout(e) {
+			if IsWhiteout(e) {
 				delete(parent.kids, name)
 				continue
 			}
@@ -103,20 +89,20 @@ func merge(ctx context.Context, layers []*Index, names []string, max int) (*Inde
 			var n *mnode
 			switch {
 			case e.Type == TypeDir:
-				implicit := hasXattr(e.Xattrs, xattrImplicit)
+				implicit := HasXattr(e.Xattrs, XattrImplicit)
 				switch {
 				case old != nil && old.isDir:
 					n = old
 					if !implicit {
 						n.e, n.src = e, uint32(li)
 					}
-					if isOpaque(e) {
+					if IsOpaque(e) {
 						n.kids = nil
 					}
 				case old != nil && implicit:
-					return nil, fmt.Errorf("layer %s: entry %q: %w", names[li], trunc(e.Path), invalidf("parent of a layer entry is a %s in a lower layer, not a directory", old.e.Type))
+					return nil, fmt.Errorf("layer %s: entry %q: %w", names[li], Trunc(e.Path), Invalidf("parent of a layer entry is a %s in a lower layer, not a directory", old.e.Type))
 				case implicit:
-					n = &mnode{e: &defaultDir, isDir: true}
+					n = &mnode{e: &impliedDir, isDir: true}
 				default:
 					n = &mnode{e: e, src: uint32(li), isDir: true}
 				}
@@ -127,7 +113,7 @@ func merge(ctx context.Context, layers []*Index, names []string, max int) (*Inde
 					t = lookupNode(root, e.Linkname)
 				}
 				if t == nil || t.isDir {
-					return nil, fmt.Errorf("layer %s: entry %q: %w", names[li], trunc(e.Path), invalidf("hard link target %q missing or a directory", trunc(e.Linkname)))
+					return nil, fmt.Errorf("layer %s: entry %q: %w", names[li], Trunc(e.Path), Invalidf("hard link target %q missing or a directory", Trunc(e.Linkname)))
 				}
 				n = &mnode{e: t.e, src: t.src, key: t.key}
 				linked[t.key] = true
@@ -178,7 +164,7 @@ type emitter struct {
 // emit appends n and its subtree in Index order.
 func (o *emitter) emit(p string, n *mnode) error {
 	if len(o.ix.Entries) >= o.max {
-		return invalidf("merged tree has more than %d entries (at %q)", o.max, trunc(p))
+		return Invalidf("merged tree has more than %d entries (at %q)", o.max, Trunc(p))
 	}
 	e := *n.e
 	e.Path = p
@@ -200,7 +186,7 @@ func (o *emitter) emit(p string, n *mnode) error {
 		return nil
 	}
 	for _, k := range slices.Sorted(maps.Keys(n.kids)) {
-		if err := o.emit(joinPath(p, k), n.kids[k]); err != nil {
+		if err := o.emit(JoinPath(p, k), n.kids[k]); err != nil {
 			return err
 		}
 	}
@@ -211,7 +197,7 @@ func (o *emitter) emit(p string, n *mnode) error {
 func stripOverlay(xs []Xattr) []Xattr {
 	k := 0
 	for _, x := range xs {
-		if strings.HasPrefix(x.Name, overlayXattrPrefix) {
+		if strings.HasPrefix(x.Name, XattrOverlayPrefix) {
 			k++
 		}
 	}
@@ -223,7 +209,7 @@ func stripOverlay(xs []Xattr) []Xattr {
 	}
 	out := make([]Xattr, 0, len(xs)-k)
 	for _, x := range xs {
-		if !strings.HasPrefix(x.Name, overlayXattrPrefix) {
+		if !strings.HasPrefix(x.Name, XattrOverlayPrefix) {
 			out = append(out, x)
 		}
 	}

@@ -24,10 +24,6 @@ import (
 )
 
 const (
-	// DefaultMaxBlobSize bounds one uncompressed layer unless Options says
-	// otherwise; it stops decompression bombs from filling the cache disk.
-	DefaultMaxBlobSize = 64 << 30
-
 	maxJSONSize       = 8 << 20 // index.json, manifests, configs
 	maxArchiveMembers = 1 << 20
 	maxZstdWindow     = 1 << 27
@@ -49,16 +45,6 @@ var layerMediaTypes = map[string]bool{
 	"application/vnd.docker.image.rootfs.diff.tar":                 true,
 }
 
-// BlobPath returns where the uncompressed layer with the given diffID
-// ("sha256:<hex>") lives in a cache directory.
-func BlobPath(cacheDir, digest string) (string, error) {
-	h, err := blobHex(digest)
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(cacheDir, "blobs", "sha256", h), nil
-}
-
 // FromOCI indexes an image read directly: an OCI image layout directory, or
 // a tar archive holding an OCI layout or a `docker save` image (told apart
 // by their oci-layout and manifest.json files). tag selects the image by its
@@ -72,7 +58,7 @@ func BlobPath(cacheDir, digest string) (string, error) {
 // indexes are cached by diffID.
 func FromOCI(ctx context.Context, path, tag string, opts Options) (*Index, error) {
 	if opts.CacheDir == "" {
-		return nil, fmt.Errorf("image %s: %w", path, invalidf("Options.CacheDir is required for OCI images"))
+		return nil, fmt.Errorf("image %s: %w", path, Invalidf("Options.CacheDir is required for OCI images"))
 	}
 	src, err := openImage(path)
 	if err != nil {
@@ -83,7 +69,7 @@ func FromOCI(ctx context.Context, path, tag string, opts Options) (*Index, error
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", path, err)
 	}
-	st := opts.stats()
+	st := opts.Counters()
 	cache := indexCache{dir: opts.CacheDir}
 	idx := make([]*Index, len(layers))
 	names := make([]string, len(layers))
@@ -103,12 +89,12 @@ func FromOCI(ctx context.Context, path, tag string, opts Options) (*Index, error
 				continue
 			}
 		} else {
-			if err := materialize(ctx, src, l, blob, opts.maxBlobSize()); err != nil {
+			if err := materialize(ctx, src, l, blob, opts.BlobSizeLimit()); err != nil {
 				return nil, fmt.Errorf("image %s: layer %s: %w", path, names[i], err)
 			}
 			st.BlobsWritten++
 		}
-		ix, err := indexBlob(ctx, blob, s, opts.maxEntries(), names[i])
+		ix, err := indexBlob(ctx, blob, s, opts.EntryLimit(), names[i])
 		if err != nil {
 			return nil, fmt.Errorf("image %s: %w", path, err)
 		}
@@ -118,19 +104,12 @@ func FromOCI(ctx context.Context, path, tag string, opts Options) (*Index, error
 		}
 		idx[i] = ix
 	}
-	ix, err := merge(ctx, idx, names, opts.maxEntries())
+	ix, err := merge(ctx, idx, names, opts.EntryLimit())
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", path, err)
 	}
 	st.Entries = len(ix.Entries)
 	return ix, nil
-}
-
-func (o *Options) maxBlobSize() int64 {
-	if o.MaxBlobSize > 0 {
-		return o.MaxBlobSize
-	}
-	return DefaultMaxBlobSize
 }
 
 func isRegular(p string) bool {
@@ -221,11 +200,11 @@ func (a *archiveFiles) scan() error {
 			return fmt.Errorf("read archive: %w", err)
 		}
 		if n >= maxArchiveMembers {
-			return invalidf("archive has more than %d members", maxArchiveMembers)
+			return Invalidf("archive has more than %d members", maxArchiveMembers)
 		}
 		p, err := tarPath(hdr.Name)
 		if err != nil {
-			return fmt.Errorf("archive member %q: %w", trunc(hdr.Name), err)
+			return fmt.Errorf("archive member %q: %w", Trunc(hdr.Name), err)
 		}
 		switch hdr.Typeflag {
 		case tar.TypeReg:
@@ -251,15 +230,15 @@ func (a *archiveFiles) resolve(name string) (member, error) {
 			return member{}, fmt.Errorf("%s: %w", name, os.ErrNotExist)
 		}
 		if strings.HasPrefix(t, "/") {
-			return member{}, invalidf("archive symlink %q is absolute", p)
+			return member{}, Invalidf("archive symlink %q is absolute", p)
 		}
 		j := filepath.ToSlash(filepath.Clean(filepath.Join(filepath.Dir(p), t)))
 		if j == ".." || strings.HasPrefix(j, "../") {
-			return member{}, invalidf("archive symlink %q leaves the archive", p)
+			return member{}, Invalidf("archive symlink %q leaves the archive", p)
 		}
 		p = j
 	}
-	return member{}, invalidf("archive symlink %q: too many levels", name)
+	return member{}, Invalidf("archive symlink %q: too many levels", name)
 }
 
 func (a *archiveFiles) open(name string) (io.ReadCloser, error) {
@@ -338,12 +317,12 @@ func readJSON(files imageFiles, name, digest string, v any) error {
 		return fmt.Errorf("read %s: %w", name, err)
 	}
 	if len(b) > maxJSONSize {
-		return invalidf("%s larger than %d bytes", name, maxJSONSize)
+		return Invalidf("%s larger than %d bytes", name, maxJSONSize)
 	}
 	if digest != "" {
 		sum := sha256.Sum256(b)
 		if "sha256:"+hex.EncodeToString(sum[:]) != digest {
-			return invalidf("%s does not match its digest %s", name, digest)
+			return Invalidf("%s does not match its digest %s", name, digest)
 		}
 	}
 	if err := json.Unmarshal(b, v); err != nil {
@@ -353,7 +332,7 @@ func readJSON(files imageFiles, name, digest string, v any) error {
 }
 
 func blobName(digest string) (string, error) {
-	h, err := blobHex(digest)
+	h, err := BlobHex(digest)
 	if err != nil {
 		return "", err
 	}
@@ -381,7 +360,7 @@ func imageLayers(files imageFiles, tag string) ([]layerRef, error) {
 	case docker:
 		return dockerLayers(files, tag)
 	}
-	return nil, invalidf("neither an OCI layout (oci-layout, index.json) nor a docker-save archive (manifest.json)")
+	return nil, Invalidf("neither an OCI layout (oci-layout, index.json) nor a docker-save archive (manifest.json)")
 }
 
 func ociLayers(files imageFiles, tag string) ([]layerRef, error) {
@@ -399,13 +378,13 @@ func ociLayers(files imageFiles, tag string) ([]layerRef, error) {
 		}
 	}
 	if len(pick) != 1 {
-		return nil, invalidf("tag %q matches %d of the images in index.json (refs: %s)", tag, len(pick), strings.Join(refs, ", "))
+		return nil, Invalidf("tag %q matches %d of the images in index.json (refs: %s)", tag, len(pick), strings.Join(refs, ", "))
 	}
 	d := pick[0]
 	// Nested indexes (multi-platform images): pick this host's platform.
 	for depth := 0; d.MediaType == mtOCIIndex || d.MediaType == mtDockerList; depth++ {
 		if depth > 4 {
-			return nil, invalidf("image indexes nested too deeply")
+			return nil, Invalidf("image indexes nested too deeply")
 		}
 		name, err := blobName(d.Digest)
 		if err != nil {
@@ -423,7 +402,7 @@ func ociLayers(files imageFiles, tag string) ([]layerRef, error) {
 			}
 		}
 		if found == nil {
-			return nil, invalidf("image index %s has no linux/%s manifest", d.Digest, runtime.GOARCH)
+			return nil, Invalidf("image index %s has no linux/%s manifest", d.Digest, runtime.GOARCH)
 		}
 		d = *found
 	}
@@ -444,7 +423,7 @@ func ociLayers(files imageFiles, tag string) ([]layerRef, error) {
 		return nil, err
 	}
 	if len(cfg.RootFS.DiffIDs) != len(man.Layers) {
-		return nil, invalidf("manifest has %d layers but config %d diff_ids", len(man.Layers), len(cfg.RootFS.DiffIDs))
+		return nil, Invalidf("manifest has %d layers but config %d diff_ids", len(man.Layers), len(cfg.RootFS.DiffIDs))
 	}
 	out := make([]layerRef, len(man.Layers))
 	for i, l := range man.Layers {
@@ -478,25 +457,25 @@ func dockerLayers(files imageFiles, tag string) ([]layerRef, error) {
 		}
 	}
 	if len(pick) != 1 {
-		return nil, invalidf("tag %q matches %d of the images in manifest.json (tags: %s)", tag, len(pick), strings.Join(tags, ", "))
+		return nil, Invalidf("tag %q matches %d of the images in manifest.json (tags: %s)", tag, len(pick), strings.Join(tags, ", "))
 	}
 	m := pick[0]
 	cn, err := tarPath(m.Config)
 	if err != nil {
-		return nil, fmt.Errorf("config %q: %w", trunc(m.Config), err)
+		return nil, fmt.Errorf("config %q: %w", Trunc(m.Config), err)
 	}
 	var cfg imageConfig
 	if err := readJSON(files, cn, "", &cfg); err != nil {
 		return nil, err
 	}
 	if len(cfg.RootFS.DiffIDs) != len(m.Layers) {
-		return nil, invalidf("manifest has %d layers but config %d diff_ids", len(m.Layers), len(cfg.RootFS.DiffIDs))
+		return nil, Invalidf("manifest has %d layers but config %d diff_ids", len(m.Layers), len(cfg.RootFS.DiffIDs))
 	}
 	out := make([]layerRef, len(m.Layers))
 	for i, l := range m.Layers {
 		ln, err := tarPath(l)
 		if err != nil {
-			return nil, fmt.Errorf("layer %d %q: %w", i, trunc(l), err)
+			return nil, fmt.Errorf("layer %d %q: %w", i, Trunc(l), err)
 		}
 		out[i] = layerRef{file: ln, diffID: cfg.RootFS.DiffIDs[i]}
 		// Newer docker saves layers as OCI blobs named by digest.
@@ -525,9 +504,9 @@ func (c ctxReader) Read(p []byte) (int, error) {
 // renamed, so dst only ever holds complete, verified content.
 func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, maxSize int64) error {
 	if !layerMediaTypes[l.mediaType] {
-		return invalidf("unsupported layer media type %q", l.mediaType)
+		return Invalidf("unsupported layer media type %q", l.mediaType)
 	}
-	if _, err := blobHex(l.diffID); err != nil {
+	if _, err := BlobHex(l.diffID); err != nil {
 		return fmt.Errorf("diffID: %w", err)
 	}
 	rc, err := files.open(l.file)
@@ -572,7 +551,7 @@ func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, 
 		return fmt.Errorf("decompress: %w", err)
 	}
 	if n > maxSize {
-		return invalidf("uncompressed layer larger than %d bytes", maxSize)
+		return Invalidf("uncompressed layer larger than %d bytes", maxSize)
 	}
 	// Hash what the decompressor left unread (trailing padding) too.
 	if _, err := io.Copy(io.Discard, br); err != nil {
@@ -580,11 +559,11 @@ func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, 
 	}
 	if l.digest != "" {
 		if got := "sha256:" + hex.EncodeToString(zh.Sum(nil)); got != l.digest {
-			return invalidf("layer blob digest %s does not match %s", got, l.digest)
+			return Invalidf("layer blob digest %s does not match %s", got, l.digest)
 		}
 	}
 	if got := "sha256:" + hex.EncodeToString(uh.Sum(nil)); got != l.diffID {
-		return invalidf("uncompressed layer digest %s does not match diffID %s", got, l.diffID)
+		return Invalidf("uncompressed layer digest %s does not match diffID %s", got, l.diffID)
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("blob cache: %w", err)

@@ -27,11 +27,11 @@ var _ Opener = HostOpener{}
 func (o HostOpener) Open(src Source, path string) (io.ReaderAt, error) {
 	switch src.Kind {
 	case SourceDir:
-		if err := checkPath(path); err != nil || path == "." {
-			return nil, fmt.Errorf("open %q in %s: %w", trunc(path), src.ID, invalidf("bad path"))
+		if err := CheckPath(path); err != nil || path == "." {
+			return nil, fmt.Errorf("open %q in %s: %w", Trunc(path), src.ID, Invalidf("bad path"))
 		}
 		if !filepath.IsAbs(src.ID) {
-			return nil, fmt.Errorf("open source %q: %w", src.ID, invalidf("directory source is not an absolute path"))
+			return nil, fmt.Errorf("open source %q: %w", src.ID, Invalidf("directory source is not an absolute path"))
 		}
 		dfd, err := unix.Open(src.ID, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -40,19 +40,19 @@ func (o HostOpener) Open(src Source, path string) (io.ReaderAt, error) {
 		defer unix.Close(dfd)
 		f, err := openBeneath(dfd, path)
 		if err != nil {
-			return nil, fmt.Errorf("open %q in %s: %w", trunc(path), src.ID, err)
+			return nil, fmt.Errorf("open %q in %s: %w", Trunc(path), src.ID, err)
 		}
 		if err := checkRegular(f); err != nil {
 			f.Close()
-			return nil, fmt.Errorf("open %q in %s: %w", trunc(path), src.ID, err)
+			return nil, fmt.Errorf("open %q in %s: %w", Trunc(path), src.ID, err)
 		}
 		return f, nil
 	case SourceBlob:
 		if path != "" {
-			return nil, fmt.Errorf("open blob %s: %w", src.ID, invalidf("path %q given for a blob", trunc(path)))
+			return nil, fmt.Errorf("open blob %s: %w", src.ID, Invalidf("path %q given for a blob", Trunc(path)))
 		}
 		if o.CacheDir == "" {
-			return nil, fmt.Errorf("open blob %s: %w", src.ID, invalidf("no cache directory"))
+			return nil, fmt.Errorf("open blob %s: %w", src.ID, Invalidf("no cache directory"))
 		}
 		p, err := BlobPath(o.CacheDir, src.ID)
 		if err != nil {
@@ -72,7 +72,7 @@ func (o HostOpener) Open(src Source, path string) (io.ReaderAt, error) {
 		}
 		return f, nil
 	}
-	return nil, fmt.Errorf("open source %q: %w", src.ID, invalidf("unknown source kind %d", src.Kind))
+	return nil, fmt.Errorf("open source %q: %w", src.ID, Invalidf("unknown source kind %d", src.Kind))
 }
 
 func checkRegular(f *os.File) error {
@@ -81,7 +81,7 @@ func checkRegular(f *os.File) error {
 		return err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return invalidf("not a regular file")
+		return Invalidf("not a regular file")
 	}
 	return nil
 }
@@ -118,7 +118,7 @@ func openBeneath(dirfd int, name string) (*os.File, error) {
 // openWalk is openBeneath without openat2.
 func openWalk(dirfd int, name string) (*os.File, error) {
 	if strings.HasPrefix(name, "/") {
-		return nil, invalidf("absolute path")
+		return nil, Invalidf("absolute path")
 	}
 	parts := strings.Split(name, "/")
 	cur := dirfd
@@ -129,7 +129,7 @@ func openWalk(dirfd int, name string) (*os.File, error) {
 	}()
 	for i, c := range parts {
 		if c == "" || c == "." || c == ".." {
-			return nil, invalidf("bad path component %q", c)
+			return nil, Invalidf("bad path component %q", c)
 		}
 		flags := unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW
 		if i < len(parts)-1 {

@@ -75,15 +75,15 @@ func readTar(ctx context.Context, r io.ReadSeeker, src Source, max int) (*Index,
 		if err != nil {
 			// archive/tar does not say which field was bad (a negative size,
 			// a broken checksum): point at where it happened instead.
-			return nil, fmt.Errorf("read tar header after %d entries (last %q): %w", n, trunc(last), err)
+			return nil, fmt.Errorf("read tar header after %d entries (last %q): %w", n, Trunc(last), err)
 		}
 		last = hdr.Name
 		off, err := r.Seek(0, io.SeekCurrent)
 		if err != nil {
-			return nil, fmt.Errorf("tar entry %q: %w", trunc(hdr.Name), err)
+			return nil, fmt.Errorf("tar entry %q: %w", Trunc(hdr.Name), err)
 		}
 		if err := t.add(hdr, off); err != nil {
-			return nil, fmt.Errorf("tar entry %q: %w", trunc(hdr.Name), err)
+			return nil, fmt.Errorf("tar entry %q: %w", Trunc(hdr.Name), err)
 		}
 	}
 	t.entries = make([]Entry, 0, t.count+1)
@@ -99,10 +99,10 @@ func readTar(ctx context.Context, r io.ReadSeeker, src Source, max int) (*Index,
 // than cleaned, since they only appear in archives built to escape.
 func tarPath(name string) (string, error) {
 	if strings.HasPrefix(name, "/") {
-		return "", invalidf("absolute path")
+		return "", Invalidf("absolute path")
 	}
 	if strings.IndexByte(name, 0) >= 0 {
-		return "", invalidf("NUL byte in name")
+		return "", Invalidf("NUL byte in name")
 	}
 	parts := strings.Split(name, "/")
 	out := parts[:0]
@@ -111,10 +111,10 @@ func tarPath(name string) (string, error) {
 		case "", ".":
 			continue
 		case "..":
-			return "", invalidf("\"..\" component")
+			return "", Invalidf("\"..\" component")
 		}
 		if len(c) > MaxNameLen {
-			return "", invalidf("name component of %d bytes exceeds %d", len(c), MaxNameLen)
+			return "", Invalidf("name component of %d bytes exceeds %d", len(c), MaxNameLen)
 		}
 		out = append(out, c)
 	}
@@ -123,7 +123,7 @@ func tarPath(name string) (string, error) {
 	}
 	p := strings.Join(out, "/")
 	if len(p) > MaxPathLen {
-		return "", invalidf("path of %d bytes exceeds %d", len(p), MaxPathLen)
+		return "", Invalidf("path of %d bytes exceeds %d", len(p), MaxPathLen)
 	}
 	return p, nil
 }
@@ -140,7 +140,7 @@ func (t *tarReader) dir(p string) (*lnode, error) {
 	for rest := p; rest != ""; {
 		var c string
 		c, rest, _ = strings.Cut(rest, "/")
-		walked = joinPath(walked, c)
+		walked = JoinPath(walked, c)
 		k := n.kids[c]
 		switch {
 		case k == nil:
@@ -153,7 +153,7 @@ func (t *tarReader) dir(p string) (*lnode, error) {
 			}
 			n.kids[c] = k
 		case !k.isDir && (k.ino != nil || k.lowerLink != ""):
-			return nil, invalidf("parent %q is not a directory in this layer", trunc(walked))
+			return nil, Invalidf("parent %q is not a directory in this layer", Trunc(walked))
 		case !k.isDir:
 			k.isDir = true // a bare whiteout that now has children
 		}
@@ -165,7 +165,7 @@ func (t *tarReader) dir(p string) (*lnode, error) {
 func (t *tarReader) grow() error {
 	t.count++
 	if t.count > t.max {
-		return invalidf("more than %d entries", t.max)
+		return Invalidf("more than %d entries", t.max)
 	}
 	return nil
 }
@@ -182,7 +182,7 @@ func (t *tarReader) add(hdr *tar.Header, off int64) error {
 	if err != nil {
 		return err
 	}
-	base := baseName(p)
+	base := BaseName(p)
 	if p != "." && strings.HasPrefix(base, whPrefix) {
 		return t.whiteout(p, base)
 	}
@@ -205,20 +205,20 @@ func (t *tarReader) add(hdr *tar.Header, off int64) error {
 	case tar.TypeXGlobalHeader:
 		return nil
 	case tar.TypeGNUSparse:
-		return invalidf("sparse tar entries are not supported")
+		return Invalidf("sparse tar entries are not supported")
 	default:
-		return invalidf("unsupported tar entry type %q", hdr.Typeflag)
+		return Invalidf("unsupported tar entry type %q", hdr.Typeflag)
 	}
 	for k := range hdr.PAXRecords {
 		if strings.HasPrefix(k, "GNU.sparse.") {
-			return invalidf("sparse tar entries are not supported")
+			return Invalidf("sparse tar entries are not supported")
 		}
 	}
 	if hdr.Size < 0 {
-		return invalidf("negative size %d", hdr.Size)
+		return Invalidf("negative size %d", hdr.Size)
 	}
 	if hdr.Uid < 0 || int64(hdr.Uid) > math.MaxUint32 || hdr.Gid < 0 || int64(hdr.Gid) > math.MaxUint32 {
-		return invalidf("uid/gid %d/%d out of range", hdr.Uid, hdr.Gid)
+		return Invalidf("uid/gid %d/%d out of range", hdr.Uid, hdr.Gid)
 	}
 	e.Mode = uint32(hdr.Mode & 07777)
 	e.UID, e.GID = uint32(hdr.Uid), uint32(hdr.Gid)
@@ -227,11 +227,11 @@ func (t *tarReader) add(hdr *tar.Header, off int64) error {
 	e.Ctime = tarTime(hdr.ChangeTime, e.Mtime)
 	for k, v := range hdr.PAXRecords {
 		name, ok := strings.CutPrefix(k, "SCHILY.xattr.")
-		if !ok || strings.HasPrefix(name, overlayXattrPrefix) {
+		if !ok || strings.HasPrefix(name, XattrOverlayPrefix) {
 			continue
 		}
 		if name == "" || len(name) > MaxXattrNameLen || len(v) > MaxXattrSize {
-			return invalidf("xattr %q: bad name or value of %d bytes", trunc(name), len(v))
+			return Invalidf("xattr %q: bad name or value of %d bytes", Trunc(name), len(v))
 		}
 		e.Xattrs = append(e.Xattrs, Xattr{Name: name, Value: []byte(v)})
 	}
@@ -241,30 +241,30 @@ func (t *tarReader) add(hdr *tar.Header, off int64) error {
 		e.Size = hdr.Size
 		e.Data = Data{Offset: off}
 		if off < 0 || off > maxInt64-hdr.Size {
-			return invalidf("data offset out of range")
+			return Invalidf("data offset out of range")
 		}
 	case TypeSymlink:
 		if hdr.Linkname == "" || len(hdr.Linkname) > MaxSymlinkLen || strings.IndexByte(hdr.Linkname, 0) >= 0 {
-			return invalidf("symlink target of %d bytes (max %d)", len(hdr.Linkname), MaxSymlinkLen)
+			return Invalidf("symlink target of %d bytes (max %d)", len(hdr.Linkname), MaxSymlinkLen)
 		}
 		e.Linkname = hdr.Linkname
 	case TypeChar, TypeBlock:
 		if hdr.Devmajor < 0 || hdr.Devminor < 0 {
-			return invalidf("negative device number %d:%d", hdr.Devmajor, hdr.Devminor)
+			return Invalidf("negative device number %d:%d", hdr.Devmajor, hdr.Devminor)
 		}
-		if err := checkDev(uint64(hdr.Devmajor), uint64(hdr.Devminor)); err != nil {
+		if err := CheckDev(uint64(hdr.Devmajor), uint64(hdr.Devminor)); err != nil {
 			return err
 		}
 		e.Devmajor, e.Devminor = uint32(hdr.Devmajor), uint32(hdr.Devminor)
 	}
 	if p == "." {
 		if e.Type != TypeDir {
-			return invalidf("root entry is a %s", e.Type)
+			return Invalidf("root entry is a %s", e.Type)
 		}
 		t.root.ino = &linode{e: e}
 		return nil
 	}
-	parent, err := t.dir(parentPath(p))
+	parent, err := t.dir(ParentPath(p))
 	if err != nil {
 		return err
 	}
@@ -307,31 +307,31 @@ func (t *tarReader) add(hdr *tar.Header, off int64) error {
 func (t *tarReader) link(n *lnode, target string, e Entry) error {
 	tp, err := tarPath(target)
 	if err != nil {
-		return fmt.Errorf("hard link target %q outside the tree: %w", trunc(target), err)
+		return fmt.Errorf("hard link target %q outside the tree: %w", Trunc(target), err)
 	}
 	if tp == "." {
-		return invalidf("hard link to the root directory")
+		return Invalidf("hard link to the root directory")
 	}
 	k := t.root
 	for rest := tp; rest != "" && k != nil; {
 		var c string
 		c, rest, _ = strings.Cut(rest, "/")
 		if !k.isDir {
-			return invalidf("hard link target %q: %q is not a directory", trunc(target), c)
+			return Invalidf("hard link target %q: %q is not a directory", Trunc(target), c)
 		}
 		k = k.kids[c]
 	}
 	switch {
 	case k == nil && t.pathWhitedOut(tp):
-		return invalidf("hard link target %q is removed by a whiteout in this layer", trunc(target))
+		return Invalidf("hard link target %q is removed by a whiteout in this layer", Trunc(target))
 	case k == nil:
 		n.lowerLink = tp
 	case k.isDir:
-		return invalidf("hard link target %q is a directory", trunc(target))
+		return Invalidf("hard link target %q is a directory", Trunc(target))
 	case k.lowerLink != "":
 		n.lowerLink = k.lowerLink
 	case k.ino == nil:
-		return invalidf("hard link target %q is removed by a whiteout in this layer", trunc(target))
+		return Invalidf("hard link target %q is removed by a whiteout in this layer", Trunc(target))
 	default:
 		k.ino.links++
 		t.nlinks++
@@ -367,7 +367,7 @@ func (t *tarReader) pathWhitedOut(p string) bool {
 }
 
 func (t *tarReader) whiteout(p, base string) error {
-	dir := parentPath(p)
+	dir := ParentPath(p)
 	if base == whOpaque {
 		d, err := t.dir(dir)
 		if err != nil {
@@ -381,7 +381,7 @@ func (t *tarReader) whiteout(p, base string) error {
 	}
 	name := base[len(whPrefix):]
 	if name == "" || name == "." || name == ".." {
-		return invalidf("whiteout of %q", name)
+		return Invalidf("whiteout of %q", name)
 	}
 	parent, err := t.dir(dir)
 	if err != nil {
@@ -411,20 +411,20 @@ func (t *tarReader) flatten(p string, n *lnode, seen map[*linode]string) error {
 	case n.isDir && n.ino != nil:
 		e = n.ino.e
 		if n.whiteout || n.opaque {
-			e.Xattrs = withXattr(e.Xattrs, xattrOpaque, "y")
+			e.Xattrs = withXattr(e.Xattrs, XattrOpaque, "y")
 		}
 	case n.isDir && n.whiteout:
 		// Lower entry removed, then implied as a parent: a fresh directory.
-		e = defaultDir
-		e.Xattrs = withXattr(nil, xattrOpaque, "y")
+		e = ImpliedDir()
+		e.Xattrs = withXattr(nil, XattrOpaque, "y")
 	case n.isDir:
-		e = defaultDir
-		e.Xattrs = withXattr(nil, xattrImplicit, "y")
+		e = ImpliedDir()
+		e.Xattrs = withXattr(nil, XattrImplicit, "y")
 		if n.opaque {
-			e.Xattrs = withXattr(e.Xattrs, xattrOpaque, "y")
+			e.Xattrs = withXattr(e.Xattrs, XattrOpaque, "y")
 		}
 	case n.lowerLink != "":
-		e = Entry{Type: TypeHardlink, Linkname: n.lowerLink, Xattrs: withXattr(nil, xattrLowerLink, "y")}
+		e = Entry{Type: TypeHardlink, Linkname: n.lowerLink, Xattrs: withXattr(nil, XattrLowerLink, "y")}
 	case n.ino == nil:
 		e = Entry{Type: TypeChar} // whiteout
 	default:
@@ -439,7 +439,7 @@ func (t *tarReader) flatten(p string, n *lnode, seen map[*linode]string) error {
 			}
 		}
 		if e.Type == TypeHardlink && e.Linkname == "" {
-			return invalidf("hard link %q without target", trunc(p))
+			return Invalidf("hard link %q without target", Trunc(p))
 		}
 	}
 	e.Path = p
@@ -448,7 +448,7 @@ func (t *tarReader) flatten(p string, n *lnode, seen map[*linode]string) error {
 		return nil
 	}
 	for _, k := range slices.Sorted(maps.Keys(n.kids)) {
-		if err := t.flatten(joinPath(p, k), n.kids[k], seen); err != nil {
+		if err := t.flatten(JoinPath(p, k), n.kids[k], seen); err != nil {
 			return err
 		}
 	}

@@ -92,7 +92,7 @@ func mergeTars(t testing.TB, tars ...[]byte) (*Index, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := ix.validate(true); err != nil {
+		if err := ix.ValidateLayer(); err != nil {
 			t.Fatalf("layer %d index invalid: %v", i, err)
 		}
 		idx = append(idx, ix)

@@ -15,50 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Options tunes index building. The zero value is usable: no cache, default
-// limits.
-type Options struct {
-	// CacheDir holds per-layer indexes (CacheDir/index/) and decompressed
-	// layer blobs (CacheDir/blobs/sha256/<diffID hex>). FromLayers without
-	// it does not cache; FromOCI requires it.
-	CacheDir string
-	// LayerKeys, when set, has one caller-chosen cache key per FromLayers
-	// layer (e.g. a containerd snapshot ID); an empty key falls back to the
-	// layer directory's path, device, inode and ctime.
-	LayerKeys []string
-	// MaxEntries bounds the entries of any one layer and of the merged
-	// tree; zero means DefaultMaxEntries.
-	MaxEntries int
-	// MaxBlobSize bounds one uncompressed layer; zero means DefaultMaxBlobSize.
-	MaxBlobSize int64
-	// Stats, when non-nil, receives counters of the work done; it is not
-	// safe to share between concurrent calls.
-	Stats *Stats
-}
-
-// Stats counts the work an index build did, so callers and tests can see
-// whether caches were used.
-type Stats struct {
-	LayersIndexed int // layers walked on the host or read from a tar
-	LayersCached  int // layer indexes loaded from the cache
-	BlobsWritten  int // layer blobs decompressed or copied into the cache
-	Entries       int // entries of the result
-}
-
-func (o *Options) maxEntries() int {
-	if o.MaxEntries > 0 {
-		return o.MaxEntries
-	}
-	return DefaultMaxEntries
-}
-
-func (o *Options) stats() *Stats {
-	if o.Stats != nil {
-		return o.Stats
-	}
-	return &Stats{}
-}
-
 // FromDir indexes the host directory root. Symlinks are never followed: the
 // walk opens every directory relative to its parent with O_NOFOLLOW (and
 // O_NOATIME, so reading does not change what is indexed), stats with
@@ -76,8 +32,8 @@ func FromDir(ctx context.Context, root string, opts Options) (*Index, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts.stats().LayersIndexed++
-	opts.stats().Entries = len(ix.Entries)
+	opts.Counters().LayersIndexed++
+	opts.Counters().Entries = len(ix.Entries)
 	return ix, nil
 }
 
@@ -130,7 +86,7 @@ func walkDir(ctx context.Context, root string, opts *Options) (*Index, error) {
 	w := &walker{
 		ctx:     ctx,
 		cancel:  cancel,
-		max:     int64(opts.maxEntries()),
+		max:     int64(opts.EntryLimit()),
 		sem:     make(chan struct{}, max(runtime.GOMAXPROCS(0)*2, 2)),
 		noatime: unix.O_NOATIME,
 	}
@@ -212,7 +168,7 @@ func (w *walker) dir(sc *scratch, fd int, rel string, out *dirOut) {
 		return
 	}
 	if n := w.count.Add(int64(len(names))); n > w.max {
-		out.err = invalidf("more than %d entries (in %q)", w.max, trunc(rel))
+		out.err = Invalidf("more than %d entries (in %q)", w.max, Trunc(rel))
 		w.cancel()
 		return
 	}
@@ -223,9 +179,9 @@ func (w *walker) dir(sc *scratch, fd int, rel string, out *dirOut) {
 	var subdirs []int
 	var st unix.Stat_t
 	for i, name := range names {
-		p := joinPath(rel, name)
+		p := JoinPath(rel, name)
 		if len(p) > MaxPathLen || len(name) > MaxNameLen {
-			out.err = invalidf("path %q longer than %d bytes", trunc(p), MaxPathLen)
+			out.err = Invalidf("path %q longer than %d bytes", Trunc(p), MaxPathLen)
 			w.cancel()
 			return
 		}
@@ -244,7 +200,7 @@ func (w *walker) dir(sc *scratch, fd int, rel string, out *dirOut) {
 		switch {
 		case e.Type == TypeDir:
 			subdirs = append(subdirs, i)
-		case isWhiteout(e):
+		case IsWhiteout(e):
 			// overlayfs may create whiteouts as links of one shared 0:0
 			// inode; each name must stay a whiteout, not a hard link.
 		case st.Nlink > 1:
@@ -257,7 +213,7 @@ func (w *walker) dir(sc *scratch, fd int, rel string, out *dirOut) {
 	out.kids = make([]*dirOut, len(names))
 	for _, i := range subdirs {
 		p := out.entries[i].Path
-		cfd, err := openDir(fd, baseName(p), w.noatime)
+		cfd, err := openDir(fd, BaseName(p), w.noatime)
 		if err != nil {
 			out.err = fmt.Errorf("%s: open: %w", p, err)
 			w.cancel()
@@ -353,7 +309,7 @@ func (w *walker) fill(sc *scratch, e *Entry, dirfd int, name string, st *unix.St
 	case unix.S_IFSOCK:
 		e.Type = TypeSocket
 	default:
-		return invalidf("unknown file type %#o", st.Mode&unix.S_IFMT)
+		return Invalidf("unknown file type %#o", st.Mode&unix.S_IFMT)
 	}
 	if err := sc.xattrs(e, dirfd, name); err != nil {
 		return err
@@ -365,7 +321,7 @@ func (w *walker) fill(sc *scratch, e *Entry, dirfd int, name string, st *unix.St
 			return err
 		}
 		if t == "" || len(t) > MaxSymlinkLen {
-			return invalidf("symlink target of %d bytes", len(t))
+			return Invalidf("symlink target of %d bytes", len(t))
 		}
 		e.Linkname = t
 		// readlink may itself update the link's atime (relatime): take the
@@ -378,7 +334,7 @@ func (w *walker) fill(sc *scratch, e *Entry, dirfd int, name string, st *unix.St
 		e.Atime, e.Mtime, e.Ctime = timespec(st2.Atim), timespec(st2.Mtim), timespec(st2.Ctim)
 	case TypeChar, TypeBlock:
 		maj, mnr := uint64(unix.Major(st.Rdev)), uint64(unix.Minor(st.Rdev))
-		if err := checkDev(maj, mnr); err != nil {
+		if err := CheckDev(maj, mnr); err != nil {
 			return err
 		}
 		e.Devmajor, e.Devminor = uint32(maj), uint32(mnr)
@@ -407,7 +363,7 @@ func readlinkat(dirfd int, name string, buf []byte) (string, error) {
 			return string(buf[:n]), nil
 		}
 		if len(buf) > 2*MaxPathLen {
-			return "", invalidf("symlink target too long")
+			return "", Invalidf("symlink target too long")
 		}
 		buf = make([]byte, 2*len(buf))
 	}
@@ -498,7 +454,7 @@ func (sc *scratch) xattrs(e *Entry, dirfd int, name string) error {
 			return fmt.Errorf("lgetxattr %s: %w", k, err)
 		}
 		if len(k) > MaxXattrNameLen || len(v) > MaxXattrSize {
-			return invalidf("xattr %q too large", k)
+			return Invalidf("xattr %q too large", k)
 		}
 		xs = append(xs, Xattr{Name: k, Value: v})
 	}
