@@ -1,184 +1,17 @@
-package index
+package index_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/indextest"
 	"golang.org/x/sys/unix"
 )
-
-// layerSpec describes one overlay layer directory in a compact text form,
-// one entry per line:
-//
-//	d PATH MODE [opaque]      directory
-//	f PATH MODE CONTENT       regular file ("-" for empty)
-//	l PATH TARGET             symlink
-//	h PATH TARGET             hard link to TARGET of the same layer
-//	w PATH                    whiteout (character device 0:0)
-//	c PATH MAJ MIN / b ... / p PATH / s PATH   devices, fifo, socket
-//	x PATH NAME VALUE         xattr
-type layerSpec string
-
-var testEpoch = time.Date(2024, 5, 6, 7, 8, 9, 123456789, time.UTC)
-
-// buildLayer creates a layer directory from spec with fixed times.
-func buildLayer(t testing.TB, dir string, spec layerSpec) {
-	t.Helper()
-	must(t, os.MkdirAll(dir, 0o755))
-	var paths []string
-	for _, line := range strings.Split(strings.TrimSpace(string(spec)), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		p := filepath.Join(dir, f[1])
-		var mode uint64
-		if len(f) > 2 {
-			fmt.Sscanf(f[2], "%o", &mode)
-		}
-		switch f[0] {
-		case "d":
-			must(t, os.MkdirAll(p, 0o755))
-			must(t, os.Chmod(p, os.FileMode(mode)|modeBits(mode)))
-			if len(f) > 3 && f[3] == "opaque" {
-				must(t, unix.Lsetxattr(p, "trusted.overlay.opaque", []byte("y"), 0))
-			}
-		case "f":
-			c := f[3]
-			if c == "-" {
-				c = ""
-			}
-			writeFile(t, p, []byte(c), os.FileMode(mode)|modeBits(mode))
-		case "l":
-			must(t, os.Symlink(f[2], p))
-		case "h":
-			must(t, os.Link(filepath.Join(dir, f[2]), p))
-		case "w":
-			must(t, unix.Mknod(p, unix.S_IFCHR, 0))
-		case "c", "b":
-			var maj, mnr uint32
-			fmt.Sscanf(f[2]+" "+f[3], "%d %d", &maj, &mnr)
-			k := uint32(unix.S_IFCHR)
-			if f[0] == "b" {
-				k = unix.S_IFBLK
-			}
-			must(t, unix.Mknod(p, k|0o640, int(unix.Mkdev(maj, mnr))))
-		case "p":
-			must(t, unix.Mkfifo(p, 0o644))
-		case "s":
-			must(t, unix.Mknod(p, unix.S_IFSOCK|0o755, 0))
-		case "x":
-			must(t, unix.Lsetxattr(p, f[2], []byte(f[3]), 0))
-			continue
-		default:
-			t.Fatalf("bad spec line %q", line)
-		}
-		paths = append(paths, p)
-	}
-	// Fixed times, deepest first so directory mtimes stick.
-	for i := len(paths) - 1; i >= 0; i-- {
-		tm := unix.NsecToTimespec(testEpoch.UnixNano() + int64(i)*1001)
-		must(t, unix.UtimesNanoAt(unix.AT_FDCWD, paths[i], []unix.Timespec{tm, tm}, unix.AT_SYMLINK_NOFOLLOW))
-	}
-	tm := unix.NsecToTimespec(testEpoch.UnixNano())
-	must(t, unix.UtimesNanoAt(unix.AT_FDCWD, dir, []unix.Timespec{tm, tm}, unix.AT_SYMLINK_NOFOLLOW))
-}
-
-// modeBits turns the setuid/setgid/sticky octal bits into os.FileMode bits.
-func modeBits(m uint64) os.FileMode {
-	var o os.FileMode
-	if m&0o4000 != 0 {
-		o |= os.ModeSetuid
-	}
-	if m&0o2000 != 0 {
-		o |= os.ModeSetgid
-	}
-	if m&0o1000 != 0 {
-		o |= os.ModeSticky
-	}
-	return o
-}
-
-// overlayLayers is a three-layer stack exercising every overlay rule.
-var overlayLayers = []layerSpec{`
-d a 755
-f a/x 644 ax
-f a/y 644 ay
-d a/sub 700
-f a/sub/z 600 z
-f a-b 644 dash
-f b 644 b-file
-d c 755
-f c/1 644 c1
-l d a/x
-d e 755
-f e/keep 644 keep
-d e/deep 755
-f e/deep/q 644 q
-f hl1 644 linked
-h hl2 hl1
-h a/hl3 hl1
-f f 4755 suid
-d g 1777
-f g/old 644 old
-f wipe 644 wipe
-w lowest-whiteout
-d dev 755
-c dev/null 1 3
-b dev/blk 7 0
-p dev/fifo
-s dev/sock
-x a user.one 1
-x a/x user.k v1
-`, `
-d a 750
-w a/x
-f a/new 644 anew
-d b 755
-f b/inside 644 inside
-f c 600 c-file
-d e 711 opaque
-f e/new 644 enew
-d g 1777
-f g/added 644 added
-w f
-h hl2 f
-f n1 644 n
-h n2 n1
-d wipe 700 opaque
-f wipe/in 644 in
-x a/new user.k v2
-`, `
-w c
-d a 755
-d a/sub 755 opaque
-l b a
-d e 711
-f e/deep2 644 deep2
-w e/new
-f hl1 644 replaced
-d h 755
-d h/i 755
-f h/i/j 644 j
-`}
-
-func buildLayers(t testing.TB, specs []layerSpec) []string {
-	t.Helper()
-	base := t.TempDir()
-	var dirs []string
-	for i, s := range specs {
-		d := filepath.Join(base, fmt.Sprintf("snap%d", i+1), "fs")
-		buildLayer(t, d, s)
-		dirs = append(dirs, d)
-	}
-	return dirs
-}
 
 // mountOverlay mounts layers read-only with the kernel's overlayfs and
 // returns the mount point, or skips the test when that is not possible.
@@ -200,30 +33,17 @@ func mountOverlay(t *testing.T, layers []string) string {
 	return mnt
 }
 
-// comparable projects an entry onto what must agree between our merge and
-// an index of the kernel's overlay mount (the mount has its own source,
-// and reading it moves atimes).
-func comparable(e Entry) Entry {
-	e.Atime = Timespec{}
-	e.Data = Data{}
-	e.Ino = 0
-	if e.Xattrs == nil {
-		e.Xattrs = []Xattr{}
-	}
-	return e
-}
-
 func TestFromLayersMatchesKernelOverlay(t *testing.T) {
-	layers := buildLayers(t, overlayLayers)
-	ix, err := FromLayers(context.Background(), layers, Options{})
-	must(t, err)
-	must(t, ix.Validate())
+	layers := indextest.BuildLayers(t, indextest.OverlayLayers)
+	ix, err := index.FromLayers(context.Background(), layers, index.Options{})
+	indextest.Must(t, err)
+	indextest.Must(t, ix.Validate())
 	mnt := mountOverlay(t, layers)
-	kix, err := FromDir(context.Background(), mnt, Options{})
-	must(t, err)
-	got := map[string]Entry{}
+	kix, err := index.FromDir(context.Background(), mnt, index.Options{})
+	indextest.Must(t, err)
+	got := map[string]index.Entry{}
 	for _, e := range ix.Entries {
-		got[e.Path] = comparable(e)
+		got[e.Path] = indextest.Comparable(e)
 	}
 	for _, ke := range kix.Entries {
 		e, ok := got[ke.Path]
@@ -232,8 +52,8 @@ func TestFromLayersMatchesKernelOverlay(t *testing.T) {
 			continue
 		}
 		delete(got, ke.Path)
-		ke = comparable(ke)
-		if ke.Type == TypeDir {
+		ke = indextest.Comparable(ke)
+		if ke.Type == index.TypeDir {
 			// The kernel reports a merged directory's ctime from its upper
 			// layer just as we do, but ctime of the mount root is the mount's.
 			if ke.Path == "." {
@@ -251,7 +71,7 @@ func TestFromLayersMatchesKernelOverlay(t *testing.T) {
 		t.Errorf("%d entries merged, %d in the kernel overlay", len(ix.Entries), len(kix.Entries))
 	}
 	// File bytes come from the right layer.
-	checkContents(t, ix, HostOpener{}, func(p string) ([]byte, error) { return os.ReadFile(filepath.Join(mnt, p)) })
+	indextest.CheckContents(t, ix, index.HostOpener{}, func(p string) ([]byte, error) { return os.ReadFile(filepath.Join(mnt, p)) })
 	for _, e := range ix.Entries {
 		for _, x := range e.Xattrs {
 			if strings.HasPrefix(x.Name, "trusted.overlay.") {
@@ -263,15 +83,15 @@ func TestFromLayersMatchesKernelOverlay(t *testing.T) {
 
 // TestFromLayersSemantics pins the overlay rules independently of the kernel.
 func TestFromLayersSemantics(t *testing.T) {
-	layers := buildLayers(t, overlayLayers)
-	ix, err := FromLayers(context.Background(), layers, Options{})
-	must(t, err)
-	want := map[string]Type{
-		"a": TypeDir, "a/new": TypeRegular, "a/y": TypeRegular, "a/sub": TypeDir, "b": TypeSymlink,
-		"e/deep2": TypeRegular, "hl1": TypeRegular, "a/hl3": TypeRegular, "n1": TypeRegular,
-		"n2": TypeHardlink, "wipe": TypeDir, "wipe/in": TypeRegular, "h/i/j": TypeRegular,
-		"dev/null": TypeChar, "dev/blk": TypeBlock, "dev/fifo": TypeFifo, "dev/sock": TypeSocket,
-		"g/old": TypeRegular, "g/added": TypeRegular, "a-b": TypeRegular,
+	layers := indextest.BuildLayers(t, indextest.OverlayLayers)
+	ix, err := index.FromLayers(context.Background(), layers, index.Options{})
+	indextest.Must(t, err)
+	want := map[string]index.Type{
+		"a": index.TypeDir, "a/new": index.TypeRegular, "a/y": index.TypeRegular, "a/sub": index.TypeDir, "b": index.TypeSymlink,
+		"e/deep2": index.TypeRegular, "hl1": index.TypeRegular, "a/hl3": index.TypeRegular, "n1": index.TypeRegular,
+		"n2": index.TypeHardlink, "wipe": index.TypeDir, "wipe/in": index.TypeRegular, "h/i/j": index.TypeRegular,
+		"dev/null": index.TypeChar, "dev/blk": index.TypeBlock, "dev/fifo": index.TypeFifo, "dev/sock": index.TypeSocket,
+		"g/old": index.TypeRegular, "g/added": index.TypeRegular, "a-b": index.TypeRegular,
 	}
 	for p, ty := range want {
 		i := ix.Lookup(p)
@@ -308,46 +128,46 @@ func TestFromLayersSemantics(t *testing.T) {
 }
 
 func TestFromLayersCache(t *testing.T) {
-	layers := buildLayers(t, overlayLayers)
+	layers := indextest.BuildLayers(t, indextest.OverlayLayers)
 	cache := t.TempDir()
-	var st1, st2 Stats
-	ix1, err := FromLayers(context.Background(), layers, Options{CacheDir: cache, Stats: &st1})
-	must(t, err)
-	ix2, err := FromLayers(context.Background(), layers, Options{CacheDir: cache, Stats: &st2})
-	must(t, err)
+	var st1, st2 index.Stats
+	ix1, err := index.FromLayers(context.Background(), layers, index.Options{CacheDir: cache, Stats: &st1})
+	indextest.Must(t, err)
+	ix2, err := index.FromLayers(context.Background(), layers, index.Options{CacheDir: cache, Stats: &st2})
+	indextest.Must(t, err)
 	if st1.LayersIndexed != 3 || st1.LayersCached != 0 || st2.LayersIndexed != 0 || st2.LayersCached != 3 {
 		t.Fatalf("first %+v, second %+v: the second call must not walk", st1, st2)
 	}
-	if !reflect.DeepEqual(normalize(ix1), normalize(ix2)) {
+	if !reflect.DeepEqual(indextest.Normalize(ix1), indextest.Normalize(ix2)) {
 		t.Fatal("cached merge differs from the walked one")
 	}
 	// A changed top-level directory (new ctime) invalidates its entry.
-	writeFile(t, filepath.Join(layers[2], "later"), []byte("x"), 0o644)
-	var st3 Stats
-	ix3, err := FromLayers(context.Background(), layers, Options{CacheDir: cache, Stats: &st3})
-	must(t, err)
+	indextest.WriteFile(t, filepath.Join(layers[2], "later"), []byte("x"), 0o644)
+	var st3 index.Stats
+	ix3, err := index.FromLayers(context.Background(), layers, index.Options{CacheDir: cache, Stats: &st3})
+	indextest.Must(t, err)
 	if st3.LayersIndexed != 1 || st3.LayersCached != 2 || ix3.Lookup("later") < 0 {
 		t.Fatalf("after change: %+v", st3)
 	}
 	// Caller keys take precedence over the stat stamp.
 	keys := []string{"k1", "k2", "k3"}
-	var st4, st5 Stats
-	_, err = FromLayers(context.Background(), layers, Options{CacheDir: cache, LayerKeys: keys, Stats: &st4})
-	must(t, err)
-	_, err = FromLayers(context.Background(), layers, Options{CacheDir: cache, LayerKeys: keys, Stats: &st5})
-	must(t, err)
+	var st4, st5 index.Stats
+	_, err = index.FromLayers(context.Background(), layers, index.Options{CacheDir: cache, LayerKeys: keys, Stats: &st4})
+	indextest.Must(t, err)
+	_, err = index.FromLayers(context.Background(), layers, index.Options{CacheDir: cache, LayerKeys: keys, Stats: &st5})
+	indextest.Must(t, err)
 	if st4.LayersIndexed != 3 || st5.LayersCached != 3 {
 		t.Fatalf("keyed: %+v then %+v", st4, st5)
 	}
 	// Damaged cache files are misses, never errors or wrong results.
 	files, err := filepath.Glob(filepath.Join(cache, "index", "*.idx"))
-	must(t, err)
+	indextest.Must(t, err)
 	if len(files) == 0 {
 		t.Fatal("no cache files written")
 	}
 	for i, f := range files {
 		b, err := os.ReadFile(f)
-		must(t, err)
+		indextest.Must(t, err)
 		switch i % 3 {
 		case 0:
 			b[len(b)/2] ^= 0x40
@@ -356,36 +176,36 @@ func TestFromLayersCache(t *testing.T) {
 		default:
 			b = []byte("garbage")
 		}
-		must(t, os.WriteFile(f, b, 0o600))
+		indextest.Must(t, os.WriteFile(f, b, 0o600))
 	}
-	var st6 Stats
-	ix6, err := FromLayers(context.Background(), layers, Options{CacheDir: cache, Stats: &st6})
-	must(t, err)
-	if st6.LayersIndexed != 3 || !reflect.DeepEqual(normalize(ix3), normalize(ix6)) {
+	var st6 index.Stats
+	ix6, err := index.FromLayers(context.Background(), layers, index.Options{CacheDir: cache, Stats: &st6})
+	indextest.Must(t, err)
+	if st6.LayersIndexed != 3 || !reflect.DeepEqual(indextest.Normalize(ix3), indextest.Normalize(ix6)) {
 		t.Fatalf("after damage: %+v", st6)
 	}
 }
 
 func TestFromLayersBindRootfs(t *testing.T) {
 	root := t.TempDir()
-	genTree(t, root, 7, genOptions{random: 300, deep: 20})
-	ix, err := FromLayers(context.Background(), []string{root}, Options{})
-	must(t, err)
-	dix, err := FromDir(context.Background(), root, Options{})
-	must(t, err)
+	indextest.GenTree(t, root, 7, indextest.GenOptions{Random: 300, Deep: 20})
+	ix, err := index.FromLayers(context.Background(), []string{root}, index.Options{})
+	indextest.Must(t, err)
+	dix, err := index.FromDir(context.Background(), root, index.Options{})
+	indextest.Must(t, err)
 	for i := range dix.Entries {
-		if dix.Entries[i].Type == TypeSymlink {
+		if dix.Entries[i].Type == index.TypeSymlink {
 			dix.Entries[i].Atime = ix.Entries[i].Atime
 		}
 	}
-	if !reflect.DeepEqual(normalize(ix), normalize(dix)) {
+	if !reflect.DeepEqual(indextest.Normalize(ix), indextest.Normalize(dix)) {
 		t.Fatal("a single layer must index like the plain directory")
 	}
 }
 
 // entriesEqualIgnoringSource compares two indexes entry by entry, ignoring
 // where data lives and atimes.
-func entriesEqualIgnoringSource(t *testing.T, a, b *Index, ignoreCtime bool) {
+func entriesEqualIgnoringSource(t *testing.T, a, b *index.Index, ignoreCtime bool) {
 	t.Helper()
 	if len(a.Entries) != len(b.Entries) {
 		var pa, pb []string
@@ -398,9 +218,9 @@ func entriesEqualIgnoringSource(t *testing.T, a, b *Index, ignoreCtime bool) {
 		t.Fatalf("%d vs %d entries:\n%q\n%q", len(a.Entries), len(b.Entries), pa, pb)
 	}
 	for i := range a.Entries {
-		x, y := comparable(a.Entries[i]), comparable(b.Entries[i])
+		x, y := indextest.Comparable(a.Entries[i]), indextest.Comparable(b.Entries[i])
 		if ignoreCtime {
-			x.Ctime, y.Ctime = Timespec{}, Timespec{}
+			x.Ctime, y.Ctime = index.Timespec{}, index.Timespec{}
 		}
 		if !reflect.DeepEqual(x, y) {
 			t.Errorf("entry %d:\n%+v\n%+v", i, x, y)
