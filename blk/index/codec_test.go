@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"fmt"
 	"hash/crc32"
 	"reflect"
 	"strings"
@@ -12,6 +11,8 @@ import (
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/blk/index/indextest"
+	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
+	"github.com/kata-fsx/kata-fsx/blk/index/tarlayer"
 )
 
 // sampleIndex is a small valid merged index touching every field.
@@ -105,76 +106,13 @@ func TestEncodeDecode(t *testing.T) {
 	}
 }
 
-func FuzzLayerTar(f *testing.F) {
-	for _, b := range indextest.FuzzSeedTars(f) {
-		f.Add(b)
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzTarOne(t, data)
-		// Header checksums reject nearly every mutation; also try the input
-		// with the checksum of each ustar-looking block repaired.
-		fixed := bytes.Clone(data)
-		changed := false
-		for off := 0; off+512 <= len(fixed); off += 512 {
-			blk := fixed[off : off+512]
-			if string(blk[257:262]) != "ustar" {
-				continue
-			}
-			before := string(blk[148:156])
-			copy(blk[148:156], "        ")
-			sum := 0
-			for _, c := range blk {
-				sum += int(c)
-			}
-			copy(blk[148:156], fmt.Sprintf("%06o\x00 ", sum))
-			changed = changed || before != string(blk[148:156])
-		}
-		if changed {
-			fuzzTarOne(t, fixed)
-		}
-	})
-}
-
-func fuzzTarOne(t *testing.T, data []byte) {
-	src := index.Source{Kind: index.SourceBlob, ID: "sha256:" + strings.Repeat("0", 64)}
-	{
-		ix, err := index.ReadTarLayer(context.Background(), bytes.NewReader(data), src, 5000, "fuzz")
-		if err != nil {
-			return
-		}
-		if err := ix.ValidateLayer(); err != nil {
-			t.Fatalf("accepted layer yields an invalid index: %v", err)
-		}
-		for _, e := range ix.Entries {
-			if e.Type == index.TypeRegular && (e.Data.Offset < 0 || e.Data.Offset+e.Size > int64(len(data))) {
-				t.Fatalf("%q: data [%d,+%d) outside the %d-byte tar", e.Path, e.Data.Offset, e.Size, len(data))
-			}
-		}
-		var buf bytes.Buffer
-		indextest.Must(t, index.EncodeLayer(&buf, ix))
-		dec, err := index.DecodeLayer(&buf)
-		if err != nil {
-			t.Fatalf("layer index does not decode: %v", err)
-		}
-		if !reflect.DeepEqual(indextest.Normalize(dec), indextest.Normalize(ix)) {
-			t.Fatal("layer index round trip differs")
-		}
-		m, err := index.Merge(context.Background(), []*index.Index{ix}, []string{"fuzz"}, 5000)
-		if err == nil {
-			if err := m.Validate(); err != nil {
-				t.Fatalf("merged index invalid: %v", err)
-			}
-		}
-	}
-}
-
 func FuzzDecode(f *testing.F) {
 	b := encoded(f, sampleIndex())
 	f.Add(b)
 	f.Add(b[:40])
 	f.Add(withPayload([]byte{0, 1, 0, 0, 1, '.', 2, 0}))
 	for _, tb := range indextest.FuzzSeedTars(f)[:3] {
-		ix, err := index.ReadTarLayer(context.Background(), bytes.NewReader(tb), index.Source{Kind: index.SourceBlob, ID: indextest.DigestOf(tb)}, 100, "seed")
+		ix, err := tarlayer.Read(context.Background(), bytes.NewReader(tb), index.Source{Kind: index.SourceBlob, ID: indextest.DigestOf(tb)}, 100, "seed")
 		indextest.Must(f, err)
 		var buf bytes.Buffer
 		indextest.Must(f, index.EncodeLayer(&buf, ix))
@@ -199,7 +137,7 @@ func fuzzDecodeOne(t *testing.T, data []byte) {
 	{
 		// The layer cache path: decode, relaxed validation, merge.
 		if lx, err := index.DecodeLayer(bytes.NewReader(data)); err == nil && len(lx.Sources) == 1 {
-			if m, err := index.Merge(context.Background(), []*index.Index{lx}, []string{"fuzz"}, 5000); err == nil {
+			if m, err := overlayfs.Merge(context.Background(), []*index.Index{lx}, []string{"fuzz"}, 5000); err == nil {
 				if err := m.Validate(); err != nil {
 					t.Fatalf("merge of a cached layer gives an invalid index: %v", err)
 				}

@@ -1,4 +1,4 @@
-package index_test
+package hostfs
 
 import (
 	"bytes"
@@ -17,15 +17,6 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/index/indextest"
 	"golang.org/x/sys/unix"
 )
-
-func TestComparePathsOrder(t *testing.T) {
-	paths := []string{"a-b", "a/x", ".", "a", "a/x/y", "ab", "a\x01", "b", "a/x-y", "a!"}
-	slices.SortFunc(paths, index.ComparePaths)
-	want := []string{".", "a", "a/x", "a/x/y", "a/x-y", "a\x01", "a!", "a-b", "ab", "b"}
-	if !reflect.DeepEqual(paths, want) {
-		t.Fatalf("order %q, want %q", paths, want)
-	}
-}
 
 func ts(t unix.Timespec) index.Timespec { return index.Timespec{Sec: t.Sec, Nsec: uint32(t.Nsec)} }
 
@@ -119,7 +110,7 @@ func checkAgainstHost(t *testing.T, ix *index.Index, root string) {
 	if !reflect.DeepEqual(walked, got) {
 		t.Errorf("index has %d paths, walk found %d", len(got), len(walked))
 	}
-	indextest.CheckContents(t, ix, index.HostOpener{}, func(p string) ([]byte, error) { return readNoAtime(filepath.Join(root, p)) })
+	indextest.CheckContents(t, ix, Opener{}, func(p string) ([]byte, error) { return readNoAtime(filepath.Join(root, p)) })
 }
 
 // readNoAtime reads a file without updating its atime (which would make
@@ -149,7 +140,7 @@ func TestFromDirGenerated(t *testing.T) {
 	root := t.TempDir()
 	gen := indextest.GenTree(t, root, 1, indextest.GenOptions{HugeDir: 25000, Random: 3000, Deep: 1000, Specials: true})
 	var st index.Stats
-	ix, err := index.FromDir(context.Background(), root, index.Options{Stats: &st})
+	ix, err := FromDir(context.Background(), root, index.Options{Stats: &st})
 	indextest.Must(t, err)
 	if st.Entries != len(ix.Entries) || len(ix.Entries) < 29000 {
 		t.Fatalf("stats %+v for %d entries", st, len(ix.Entries))
@@ -184,7 +175,7 @@ func TestFromDirGenerated(t *testing.T) {
 	}
 	// Deterministic: a second walk gives the same index, and it survives
 	// an encode/decode round trip.
-	ix2, err := index.FromDir(context.Background(), root, index.Options{})
+	ix2, err := FromDir(context.Background(), root, index.Options{})
 	indextest.Must(t, err)
 	// readlink moves a symlink's atime when relatime says so (here: mtimes
 	// in the future), so only those may differ between walks.
@@ -217,19 +208,19 @@ func TestFromDirLimitsAndSymlinkRoot(t *testing.T) {
 	for i := range 10 {
 		indextest.WriteFile(t, filepath.Join(root, string(rune('a'+i))), nil, 0o644)
 	}
-	_, err := index.FromDir(context.Background(), root, index.Options{MaxEntries: 5})
+	_, err := FromDir(context.Background(), root, index.Options{MaxEntries: 5})
 	if err == nil || !strings.Contains(err.Error(), "more than 5 entries") {
 		t.Fatalf("entry limit: %v", err)
 	}
 	// A symlink as the root is refused rather than followed.
 	link := filepath.Join(t.TempDir(), "l")
 	indextest.Must(t, os.Symlink(root, link))
-	if _, err := index.FromDir(context.Background(), link, index.Options{}); err == nil {
+	if _, err := FromDir(context.Background(), link, index.Options{}); err == nil {
 		t.Fatal("indexed through a symlinked root")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := index.FromDir(ctx, root, index.Options{}); err == nil {
+	if _, err := FromDir(ctx, root, index.Options{}); err == nil {
 		t.Fatal("cancelled context not honoured")
 	}
 }
@@ -242,7 +233,7 @@ func TestHostOpenerRefusesSymlinks(t *testing.T) {
 	indextest.Must(t, os.Symlink("d/f", filepath.Join(root, "fl")))
 	indextest.Must(t, os.Symlink("/etc/passwd", filepath.Join(root, "esc")))
 	src := index.Source{Kind: index.SourceDir, ID: root}
-	op := index.HostOpener{}
+	op := Opener{}
 	r, err := op.Open(src, "d/f")
 	indextest.Must(t, err)
 	r.(io.Closer).Close()
@@ -256,11 +247,11 @@ func TestHostOpenerRefusesSymlinks(t *testing.T) {
 	dfd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	indextest.Must(t, err)
 	defer unix.Close(dfd)
-	f, err := index.OpenWalk(dfd, "d/f")
+	f, err := openWalk(dfd, "d/f")
 	indextest.Must(t, err)
 	f.Close()
 	for _, p := range []string{"dl/f", "fl", "esc", "../x", "d/./f"} {
-		if f, err := index.OpenWalk(dfd, p); err == nil {
+		if f, err := openWalk(dfd, p); err == nil {
 			f.Close()
 			t.Errorf("walk opened %q", p)
 		}

@@ -1,4 +1,4 @@
-package index_test
+package overlayfs
 
 import (
 	"context"
@@ -8,35 +8,20 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/index/indextest"
 )
 
-func BenchmarkFromDir100k(b *testing.B) {
-	root := b.TempDir()
-	indextest.GenFlat(b, root, 100000)
-	b.ReportAllocs()
-	var n int
-	for b.Loop() {
-		ix, err := index.FromDir(context.Background(), root, index.Options{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		n = len(ix.Entries)
-	}
-	b.ReportMetric(float64(n), "entries")
-}
-
 // BenchmarkFromLayersCached100k is the second pod on a 100k-entry layer:
 // decode the cached index and merge.
 func BenchmarkFromLayersCached100k(b *testing.B) {
 	root := b.TempDir()
 	indextest.GenFlat(b, root, 100000)
 	opts := index.Options{CacheDir: b.TempDir()}
-	if _, err := index.FromLayers(context.Background(), []string{root}, opts); err != nil {
+	if _, err := FromLayers(context.Background(), []string{root}, opts); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
 		var st index.Stats
 		opts.Stats = &st
-		if _, err := index.FromLayers(context.Background(), []string{root}, opts); err != nil {
+		if _, err := FromLayers(context.Background(), []string{root}, opts); err != nil {
 			b.Fatal(err)
 		}
 		if st.LayersCached != 1 {

@@ -1,12 +1,10 @@
-package index_test
+package tarlayer
 
 import (
 	"archive/tar"
 	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/blk/index/indextest"
+	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
 )
 
 // paxRecords formats PAX extended header records.
@@ -52,7 +51,7 @@ func mergeTars(t testing.TB, tars ...[]byte) (*index.Index, error) {
 	var names []string
 	for i, b := range tars {
 		src := index.Source{Kind: index.SourceBlob, ID: indextest.DigestOf(b)}
-		ix, err := index.ReadTarLayer(context.Background(), bytes.NewReader(b), src, 1000, strconv.Itoa(i))
+		ix, err := Read(context.Background(), bytes.NewReader(b), src, 1000, strconv.Itoa(i))
 		if err != nil {
 			return nil, err
 		}
@@ -62,7 +61,7 @@ func mergeTars(t testing.TB, tars ...[]byte) (*index.Index, error) {
 		idx = append(idx, ix)
 		names = append(names, strconv.Itoa(i))
 	}
-	ix, err := index.Merge(context.Background(), idx, names, 1000)
+	ix, err := overlayfs.Merge(context.Background(), idx, names, 1000)
 	if err == nil {
 		if verr := ix.Validate(); verr != nil {
 			t.Fatalf("merged index invalid: %v", verr)
@@ -126,23 +125,6 @@ func TestTarHostile(t *testing.T) {
 				t.Fatalf("error %q does not name the layer", err)
 			}
 		})
-	}
-}
-
-// TestFromOCIHostileNamesEntryAndLayer checks the error at the API surface.
-func TestFromOCIHostileNamesEntryAndLayer(t *testing.T) {
-	good := indextest.BuildTar(t, []indextest.TarEnt{{Name: "ok", Body: "fine"}})
-	bad := indextest.BuildTar(t, []indextest.TarEnt{{Name: "x/../../../etc/shadow", Body: "x"}})
-	dir := t.TempDir()
-	writeOCILayout(t, dir, compressLayers(t, [][]byte{good, bad}), map[string]int{"t": 2})
-	_, err := index.FromOCI(context.Background(), dir, "t", index.Options{CacheDir: t.TempDir()})
-	if err == nil {
-		t.Fatal("accepted")
-	}
-	for _, s := range []string{"layer 1 (" + indextest.DigestOf(bad) + ")", `"x/../../../etc/shadow"`, `".." component`} {
-		if !strings.Contains(err.Error(), s) {
-			t.Errorf("error %q lacks %q", err, s)
-		}
 	}
 }
 
@@ -219,31 +201,5 @@ func TestTarLayerSemantics(t *testing.T) {
 	}
 	if e := indextest.Lookup(t, ix, "zz"); e.Type != index.TypeHardlink || e.Linkname != "aa" {
 		t.Errorf("zz: %+v", e)
-	}
-}
-
-func TestFromDirRejectsEntryLimitInLayers(t *testing.T) {
-	d := t.TempDir()
-	for i := range 20 {
-		indextest.WriteFile(t, filepath.Join(d, fmt.Sprint(i)), nil, 0o644)
-	}
-	if _, err := index.FromLayers(context.Background(), []string{d}, index.Options{MaxEntries: 10}); err == nil {
-		t.Fatal("limit ignored")
-	}
-	if _, err := index.FromLayers(context.Background(), []string{d, d}, index.Options{LayerKeys: []string{"x"}}); err == nil {
-		t.Fatal("key count mismatch accepted")
-	}
-	if _, err := index.FromLayers(context.Background(), []string{filepath.Join(d, "nope")}, index.Options{}); !os.IsNotExist(unwrapAll(err)) {
-		t.Fatalf("missing layer: %v", err)
-	}
-}
-
-func unwrapAll(err error) error {
-	for {
-		u, ok := err.(interface{ Unwrap() error })
-		if !ok || u.Unwrap() == nil {
-			return err
-		}
-		err = u.Unwrap()
 	}
 }

@@ -1,4 +1,4 @@
-package index_test
+package oci
 
 import (
 	"archive/tar"
@@ -17,7 +17,9 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 	"github.com/kata-fsx/kata-fsx/blk/index/indextest"
+	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 )
@@ -268,7 +270,7 @@ func ociLayerSpecs() []indextest.LayerSpec {
 
 func TestFromOCIMatchesLayers(t *testing.T) {
 	dirs := indextest.BuildLayers(t, ociLayerSpecs())
-	want, err := index.FromLayers(context.Background(), dirs, index.Options{})
+	want, err := overlayfs.FromLayers(context.Background(), dirs, index.Options{})
 	indextest.Must(t, err)
 	var tars [][]byte
 	for _, d := range dirs {
@@ -291,7 +293,7 @@ func TestFromOCIMatchesLayers(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			cache := t.TempDir()
 			var st index.Stats
-			ix, err := index.FromOCI(context.Background(), c.path, c.tag, index.Options{CacheDir: cache, Stats: &st})
+			ix, err := FromOCI(context.Background(), c.path, c.tag, index.Options{CacheDir: cache, Stats: &st})
 			indextest.Must(t, err)
 			indextest.Must(t, ix.Validate())
 			if st.BlobsWritten != 3 || st.LayersIndexed != 3 {
@@ -306,10 +308,10 @@ func TestFromOCIMatchesLayers(t *testing.T) {
 			wantData := map[string][]byte{}
 			for i := range want.Entries {
 				if e := &want.Entries[i]; e.Type == index.TypeRegular {
-					wantData[e.Path] = indextest.ReadEntry(t, want, index.HostOpener{}, e)
+					wantData[e.Path] = indextest.ReadEntry(t, want, hostfs.Opener{}, e)
 				}
 			}
-			indextest.CheckContents(t, ix, index.HostOpener{CacheDir: cache}, func(p string) ([]byte, error) {
+			indextest.CheckContents(t, ix, hostfs.Opener{CacheDir: cache}, func(p string) ([]byte, error) {
 				b, ok := wantData[p]
 				if !ok {
 					return nil, errors.New("no such file in FromLayers")
@@ -318,7 +320,7 @@ func TestFromOCIMatchesLayers(t *testing.T) {
 			})
 			// The second pod on the same image costs a merge, not a read.
 			var st2 index.Stats
-			ix2, err := index.FromOCI(context.Background(), c.path, c.tag, index.Options{CacheDir: cache, Stats: &st2})
+			ix2, err := FromOCI(context.Background(), c.path, c.tag, index.Options{CacheDir: cache, Stats: &st2})
 			indextest.Must(t, err)
 			if st2.BlobsWritten != 0 || st2.LayersIndexed != 0 || st2.LayersCached != 3 {
 				t.Errorf("second call stats %+v", st2)
@@ -330,18 +332,18 @@ func TestFromOCIMatchesLayers(t *testing.T) {
 	}
 	// Tag selection.
 	cache := t.TempDir()
-	ix0, err := index.FromOCI(context.Background(), layout, "v0", index.Options{CacheDir: cache})
+	ix0, err := FromOCI(context.Background(), layout, "v0", index.Options{CacheDir: cache})
 	indextest.Must(t, err)
 	if len(ix0.Sources) != 2 {
 		t.Errorf("v0 has %d layers", len(ix0.Sources))
 	}
-	if _, err := index.FromOCI(context.Background(), layout, "", index.Options{CacheDir: cache}); err == nil || !strings.Contains(err.Error(), "matches 2") {
+	if _, err := FromOCI(context.Background(), layout, "", index.Options{CacheDir: cache}); err == nil || !strings.Contains(err.Error(), "matches 2") {
 		t.Errorf("ambiguous tag: %v", err)
 	}
-	if _, err := index.FromOCI(context.Background(), layout, "nope", index.Options{CacheDir: cache}); err == nil {
+	if _, err := FromOCI(context.Background(), layout, "nope", index.Options{CacheDir: cache}); err == nil {
 		t.Error("unknown tag accepted")
 	}
-	if _, err := index.FromOCI(context.Background(), layout, "v1", index.Options{}); err == nil {
+	if _, err := FromOCI(context.Background(), layout, "v1", index.Options{}); err == nil {
 		t.Error("no cache dir accepted")
 	}
 }
@@ -355,7 +357,7 @@ func TestFromOCIRejectsTamperedLayer(t *testing.T) {
 	p := filepath.Join(dir, "blobs", "sha256", strings.TrimPrefix(indextest.DigestOf(layers[0].blob), "sha256:"))
 	indextest.Must(t, os.WriteFile(p, gzipBytes(t, indextest.BuildTar(t, []indextest.TarEnt{{Name: "f", Body: "evil!"}})), 0o644))
 	cache := t.TempDir()
-	_, err := index.FromOCI(context.Background(), dir, "x", index.Options{CacheDir: cache})
+	_, err := FromOCI(context.Background(), dir, "x", index.Options{CacheDir: cache})
 	if err == nil || !strings.Contains(err.Error(), "digest") {
 		t.Fatalf("tampered layer: %v", err)
 	}
@@ -366,7 +368,7 @@ func TestFromOCIRejectsTamperedLayer(t *testing.T) {
 	big := indextest.BuildTar(t, []indextest.TarEnt{{Name: "zeros", Body: strings.Repeat("\x00", 1<<20)}})
 	dir2 := t.TempDir()
 	writeOCILayout(t, dir2, compressLayers(t, [][]byte{big}), map[string]int{"x": 1})
-	_, err = index.FromOCI(context.Background(), dir2, "x", index.Options{CacheDir: t.TempDir(), MaxBlobSize: 64 << 10})
+	_, err = FromOCI(context.Background(), dir2, "x", index.Options{CacheDir: t.TempDir(), MaxBlobSize: 64 << 10})
 	if err == nil || !strings.Contains(err.Error(), "larger than") {
 		t.Fatalf("bomb: %v", err)
 	}
@@ -419,32 +421,74 @@ func TestFromOCIMultiPlatform(t *testing.T) {
 	indextest.Must(t, os.WriteFile(filepath.Join(dir, "oci-layout"), []byte(`{"imageLayoutVersion":"1.0.0"}`), 0o644))
 	cache := t.TempDir()
 	for _, tag := range []string{"latest", "docker.io/library/multi:latest"} {
-		ix, err := index.FromOCI(context.Background(), dir, tag, index.Options{CacheDir: cache})
+		ix, err := FromOCI(context.Background(), dir, tag, index.Options{CacheDir: cache})
 		indextest.Must(t, err)
-		if got := string(indextest.ReadEntry(t, ix, index.HostOpener{CacheDir: cache}, indextest.Lookup(t, ix, "arch"))); got != "host" {
+		if got := string(indextest.ReadEntry(t, ix, hostfs.Opener{CacheDir: cache}, indextest.Lookup(t, ix, "arch"))); got != "host" {
 			t.Fatalf("tag %q picked the %q image", tag, got)
 		}
 	}
 	// Add a docker manifest.json naming the host image by a RepoTag.
 	var diff string
 	{
-		var cfg index.ImageConfig
+		var cfg imageConfig
 		b, err := os.ReadFile(filepath.Join(dir, "blobs", "sha256", cfgHex))
 		indextest.Must(t, err)
 		indextest.Must(t, json.Unmarshal(b, &cfg))
 		diff = cfg.RootFS.DiffIDs[0]
 	}
 	// Docker's manifest.json points at the (here gzip) layer blob by path.
-	var man index.OCIManifest
+	var man ociManifest
 	b, err := os.ReadFile(filepath.Join(dir, "blobs", "sha256", strings.TrimPrefix(dHost, "sha256:")))
 	indextest.Must(t, err)
 	indextest.Must(t, json.Unmarshal(b, &man))
 	dm, err := json.Marshal([]map[string]any{{"Config": "blobs/sha256/" + cfgHex, "RepoTags": []string{"multi:v9"}, "Layers": []string{"blobs/sha256/" + strings.TrimPrefix(man.Layers[0].Digest, "sha256:")}}})
 	indextest.Must(t, err)
 	indextest.Must(t, os.WriteFile(filepath.Join(dir, "manifest.json"), dm, 0o644))
-	ix, err := index.FromOCI(context.Background(), dir, "multi:v9", index.Options{CacheDir: cache})
+	ix, err := FromOCI(context.Background(), dir, "multi:v9", index.Options{CacheDir: cache})
 	indextest.Must(t, err)
 	if ix.Sources[0].ID != diff {
 		t.Fatalf("source %v, want %s", ix.Sources[0], diff)
+	}
+}
+
+// TestFromOCIHostileNamesEntryAndLayer checks the error at the API surface.
+func TestFromOCIHostileNamesEntryAndLayer(t *testing.T) {
+	good := indextest.BuildTar(t, []indextest.TarEnt{{Name: "ok", Body: "fine"}})
+	bad := indextest.BuildTar(t, []indextest.TarEnt{{Name: "x/../../../etc/shadow", Body: "x"}})
+	dir := t.TempDir()
+	writeOCILayout(t, dir, compressLayers(t, [][]byte{good, bad}), map[string]int{"t": 2})
+	_, err := FromOCI(context.Background(), dir, "t", index.Options{CacheDir: t.TempDir()})
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, s := range []string{"layer 1 (" + indextest.DigestOf(bad) + ")", `"x/../../../etc/shadow"`, `".." component`} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q lacks %q", err, s)
+		}
+	}
+}
+
+// entriesEqualIgnoringSource compares two indexes entry by entry, ignoring
+// where data lives and atimes.
+func entriesEqualIgnoringSource(t *testing.T, a, b *index.Index, ignoreCtime bool) {
+	t.Helper()
+	if len(a.Entries) != len(b.Entries) {
+		var pa, pb []string
+		for _, e := range a.Entries {
+			pa = append(pa, e.Path)
+		}
+		for _, e := range b.Entries {
+			pb = append(pb, e.Path)
+		}
+		t.Fatalf("%d vs %d entries:\n%q\n%q", len(a.Entries), len(b.Entries), pa, pb)
+	}
+	for i := range a.Entries {
+		x, y := indextest.Comparable(a.Entries[i]), indextest.Comparable(b.Entries[i])
+		if ignoreCtime {
+			x.Ctime, y.Ctime = index.Timespec{}, index.Timespec{}
+		}
+		if !reflect.DeepEqual(x, y) {
+			t.Errorf("entry %d:\n%+v\n%+v", i, x, y)
+		}
 	}
 }

@@ -1,7 +1,8 @@
-package index_test
+package overlayfs
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 	"github.com/kata-fsx/kata-fsx/blk/index/indextest"
 	"golang.org/x/sys/unix"
 )
@@ -35,11 +37,11 @@ func mountOverlay(t *testing.T, layers []string) string {
 
 func TestFromLayersMatchesKernelOverlay(t *testing.T) {
 	layers := indextest.BuildLayers(t, indextest.OverlayLayers)
-	ix, err := index.FromLayers(context.Background(), layers, index.Options{})
+	ix, err := FromLayers(context.Background(), layers, index.Options{})
 	indextest.Must(t, err)
 	indextest.Must(t, ix.Validate())
 	mnt := mountOverlay(t, layers)
-	kix, err := index.FromDir(context.Background(), mnt, index.Options{})
+	kix, err := hostfs.FromDir(context.Background(), mnt, index.Options{})
 	indextest.Must(t, err)
 	got := map[string]index.Entry{}
 	for _, e := range ix.Entries {
@@ -71,7 +73,7 @@ func TestFromLayersMatchesKernelOverlay(t *testing.T) {
 		t.Errorf("%d entries merged, %d in the kernel overlay", len(ix.Entries), len(kix.Entries))
 	}
 	// File bytes come from the right layer.
-	indextest.CheckContents(t, ix, index.HostOpener{}, func(p string) ([]byte, error) { return os.ReadFile(filepath.Join(mnt, p)) })
+	indextest.CheckContents(t, ix, hostfs.Opener{}, func(p string) ([]byte, error) { return os.ReadFile(filepath.Join(mnt, p)) })
 	for _, e := range ix.Entries {
 		for _, x := range e.Xattrs {
 			if strings.HasPrefix(x.Name, "trusted.overlay.") {
@@ -84,7 +86,7 @@ func TestFromLayersMatchesKernelOverlay(t *testing.T) {
 // TestFromLayersSemantics pins the overlay rules independently of the kernel.
 func TestFromLayersSemantics(t *testing.T) {
 	layers := indextest.BuildLayers(t, indextest.OverlayLayers)
-	ix, err := index.FromLayers(context.Background(), layers, index.Options{})
+	ix, err := FromLayers(context.Background(), layers, index.Options{})
 	indextest.Must(t, err)
 	want := map[string]index.Type{
 		"a": index.TypeDir, "a/new": index.TypeRegular, "a/y": index.TypeRegular, "a/sub": index.TypeDir, "b": index.TypeSymlink,
@@ -131,9 +133,9 @@ func TestFromLayersCache(t *testing.T) {
 	layers := indextest.BuildLayers(t, indextest.OverlayLayers)
 	cache := t.TempDir()
 	var st1, st2 index.Stats
-	ix1, err := index.FromLayers(context.Background(), layers, index.Options{CacheDir: cache, Stats: &st1})
+	ix1, err := FromLayers(context.Background(), layers, index.Options{CacheDir: cache, Stats: &st1})
 	indextest.Must(t, err)
-	ix2, err := index.FromLayers(context.Background(), layers, index.Options{CacheDir: cache, Stats: &st2})
+	ix2, err := FromLayers(context.Background(), layers, index.Options{CacheDir: cache, Stats: &st2})
 	indextest.Must(t, err)
 	if st1.LayersIndexed != 3 || st1.LayersCached != 0 || st2.LayersIndexed != 0 || st2.LayersCached != 3 {
 		t.Fatalf("first %+v, second %+v: the second call must not walk", st1, st2)
@@ -144,7 +146,7 @@ func TestFromLayersCache(t *testing.T) {
 	// A changed top-level directory (new ctime) invalidates its entry.
 	indextest.WriteFile(t, filepath.Join(layers[2], "later"), []byte("x"), 0o644)
 	var st3 index.Stats
-	ix3, err := index.FromLayers(context.Background(), layers, index.Options{CacheDir: cache, Stats: &st3})
+	ix3, err := FromLayers(context.Background(), layers, index.Options{CacheDir: cache, Stats: &st3})
 	indextest.Must(t, err)
 	if st3.LayersIndexed != 1 || st3.LayersCached != 2 || ix3.Lookup("later") < 0 {
 		t.Fatalf("after change: %+v", st3)
@@ -152,9 +154,9 @@ func TestFromLayersCache(t *testing.T) {
 	// Caller keys take precedence over the stat stamp.
 	keys := []string{"k1", "k2", "k3"}
 	var st4, st5 index.Stats
-	_, err = index.FromLayers(context.Background(), layers, index.Options{CacheDir: cache, LayerKeys: keys, Stats: &st4})
+	_, err = FromLayers(context.Background(), layers, index.Options{CacheDir: cache, LayerKeys: keys, Stats: &st4})
 	indextest.Must(t, err)
-	_, err = index.FromLayers(context.Background(), layers, index.Options{CacheDir: cache, LayerKeys: keys, Stats: &st5})
+	_, err = FromLayers(context.Background(), layers, index.Options{CacheDir: cache, LayerKeys: keys, Stats: &st5})
 	indextest.Must(t, err)
 	if st4.LayersIndexed != 3 || st5.LayersCached != 3 {
 		t.Fatalf("keyed: %+v then %+v", st4, st5)
@@ -179,7 +181,7 @@ func TestFromLayersCache(t *testing.T) {
 		indextest.Must(t, os.WriteFile(f, b, 0o600))
 	}
 	var st6 index.Stats
-	ix6, err := index.FromLayers(context.Background(), layers, index.Options{CacheDir: cache, Stats: &st6})
+	ix6, err := FromLayers(context.Background(), layers, index.Options{CacheDir: cache, Stats: &st6})
 	indextest.Must(t, err)
 	if st6.LayersIndexed != 3 || !reflect.DeepEqual(indextest.Normalize(ix3), indextest.Normalize(ix6)) {
 		t.Fatalf("after damage: %+v", st6)
@@ -189,9 +191,9 @@ func TestFromLayersCache(t *testing.T) {
 func TestFromLayersBindRootfs(t *testing.T) {
 	root := t.TempDir()
 	indextest.GenTree(t, root, 7, indextest.GenOptions{Random: 300, Deep: 20})
-	ix, err := index.FromLayers(context.Background(), []string{root}, index.Options{})
+	ix, err := FromLayers(context.Background(), []string{root}, index.Options{})
 	indextest.Must(t, err)
-	dix, err := index.FromDir(context.Background(), root, index.Options{})
+	dix, err := hostfs.FromDir(context.Background(), root, index.Options{})
 	indextest.Must(t, err)
 	for i := range dix.Entries {
 		if dix.Entries[i].Type == index.TypeSymlink {
@@ -203,27 +205,28 @@ func TestFromLayersBindRootfs(t *testing.T) {
 	}
 }
 
-// entriesEqualIgnoringSource compares two indexes entry by entry, ignoring
-// where data lives and atimes.
-func entriesEqualIgnoringSource(t *testing.T, a, b *index.Index, ignoreCtime bool) {
-	t.Helper()
-	if len(a.Entries) != len(b.Entries) {
-		var pa, pb []string
-		for _, e := range a.Entries {
-			pa = append(pa, e.Path)
-		}
-		for _, e := range b.Entries {
-			pb = append(pb, e.Path)
-		}
-		t.Fatalf("%d vs %d entries:\n%q\n%q", len(a.Entries), len(b.Entries), pa, pb)
+func TestFromDirRejectsEntryLimitInLayers(t *testing.T) {
+	d := t.TempDir()
+	for i := range 20 {
+		indextest.WriteFile(t, filepath.Join(d, fmt.Sprint(i)), nil, 0o644)
 	}
-	for i := range a.Entries {
-		x, y := indextest.Comparable(a.Entries[i]), indextest.Comparable(b.Entries[i])
-		if ignoreCtime {
-			x.Ctime, y.Ctime = index.Timespec{}, index.Timespec{}
+	if _, err := FromLayers(context.Background(), []string{d}, index.Options{MaxEntries: 10}); err == nil {
+		t.Fatal("limit ignored")
+	}
+	if _, err := FromLayers(context.Background(), []string{d, d}, index.Options{LayerKeys: []string{"x"}}); err == nil {
+		t.Fatal("key count mismatch accepted")
+	}
+	if _, err := FromLayers(context.Background(), []string{filepath.Join(d, "nope")}, index.Options{}); !os.IsNotExist(unwrapAll(err)) {
+		t.Fatalf("missing layer: %v", err)
+	}
+}
+
+func unwrapAll(err error) error {
+	for {
+		u, ok := err.(interface{ Unwrap() error })
+		if !ok || u.Unwrap() == nil {
+			return err
 		}
-		if !reflect.DeepEqual(x, y) {
-			t.Errorf("entry %d:\n%+v\n%+v", i, x, y)
-		}
+		err = u.Unwrap()
 	}
 }

@@ -1,4 +1,4 @@
-package index
+package overlayfs
 
 import (
 	"bufio"
@@ -7,24 +7,31 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/kata-fsx/kata-fsx/blk/index"
 )
 
 // cacheVersion is folded into every cache key so that a change in how
 // layers are indexed invalidates old entries even when the encoding stays.
 const cacheVersion = "kata-fsx-index-cache-1"
 
-// indexCache stores per-layer indexes in dir/index/<sha256(key)>.idx.
-type indexCache struct{ dir string }
-
-func (c indexCache) path(key string) string {
-	sum := sha256.Sum256([]byte(cacheVersion + "\x00" + key))
-	return filepath.Join(c.dir, "index", hex.EncodeToString(sum[:])+".idx")
+// Cache stores per-layer indexes in Dir/index/<sha256(key)>.idx, so that a
+// layer is walked or read once however many images use it. The zero Cache
+// (no Dir) stores nothing.
+type Cache struct {
+	Dir string // Options.CacheDir
 }
 
-// load returns the cached layer index for key, or nil when there is none or
-// it is unusable (any damage is treated as a miss and later overwritten).
-func (c indexCache) load(key string, want Source) *Index {
-	if c.dir == "" {
+func (c Cache) path(key string) string {
+	sum := sha256.Sum256([]byte(cacheVersion + "\x00" + key))
+	return filepath.Join(c.Dir, "index", hex.EncodeToString(sum[:])+".idx")
+}
+
+// Load returns the cached per-layer index for key with the single source
+// want, or nil when there is none or it is unusable: any damage is a miss,
+// later overwritten.
+func (c Cache) Load(key string, want index.Source) *index.Index {
+	if c.Dir == "" {
 		return nil
 	}
 	f, err := os.Open(c.path(key))
@@ -32,16 +39,17 @@ func (c indexCache) load(key string, want Source) *Index {
 		return nil
 	}
 	defer f.Close()
-	ix, err := DecodeLayer(bufio.NewReaderSize(f, 1<<16))
+	ix, err := index.DecodeLayer(bufio.NewReaderSize(f, 1<<16))
 	if err != nil || len(ix.Sources) != 1 || ix.Sources[0] != want {
 		return nil
 	}
 	return ix
 }
 
-// store writes a layer index atomically (temp file, then rename).
-func (c indexCache) store(key string, ix *Index) error {
-	if c.dir == "" {
+// Store writes a per-layer index for key atomically (temp file, then
+// rename).
+func (c Cache) Store(key string, ix *index.Index) error {
+	if c.Dir == "" {
 		return nil
 	}
 	p := c.path(key)
@@ -54,7 +62,7 @@ func (c indexCache) store(key string, ix *Index) error {
 	}
 	defer os.Remove(f.Name())
 	bw := bufio.NewWriterSize(f, 1<<16)
-	err = EncodeLayer(bw, ix)
+	err = index.EncodeLayer(bw, ix)
 	if err == nil {
 		err = bw.Flush()
 	}
