@@ -6,12 +6,12 @@ import "path/filepath"
 // otherwise; it stops decompression bombs from filling the cache disk.
 const DefaultMaxBlobSize = 64 << 30
 
-// Options tunes index building. The zero value is usable: no cache, default
-// limits.
+// Options tunes index building for every source. The zero value is usable:
+// no cache, default limits.
 type Options struct {
 	// CacheDir holds per-layer indexes (CacheDir/index/) and decompressed
-	// layer blobs (CacheDir/blobs/sha256/<diffID hex>). FromLayers without
-	// it does not cache; FromOCI requires it.
+	// layer blobs (CacheDir/blobs/sha256/<diffID hex>). overlayfs.FromLayers
+	// without it does not cache; oci.FromOCI requires it.
 	CacheDir string
 	// LayerKeys, when set, has one caller-chosen cache key per FromLayers
 	// layer (e.g. a containerd snapshot ID); an empty key falls back to the
@@ -62,7 +62,9 @@ func (o *Options) BlobSizeLimit() int64 {
 }
 
 // BlobPath returns where the uncompressed layer with the given diffID
-// ("sha256:<hex>") lives in a cache directory.
+// ("sha256:<hex>") lives in a cache directory. It is here, not in a source,
+// because the sources that fill the blob cache and the openers that read it
+// must agree on it.
 func BlobPath(cacheDir, digest string) (string, error) {
 	h, err := BlobHex(digest)
 	if err != nil {

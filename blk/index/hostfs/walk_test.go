@@ -42,7 +42,7 @@ func typeOf(mode uint32) index.Type {
 
 // checkAgainstHost compares every entry of ix with lstat/lgetxattr/readlink
 // of root, then the set of paths with an independent walk, then the file
-// contents through HostOpener (reading last, since it moves atimes).
+// contents through Opener (reading last, since it moves atimes).
 func checkAgainstHost(t *testing.T, ix *index.Index, root string) {
 	t.Helper()
 	indextest.Must(t, ix.Validate())

@@ -1,11 +1,3 @@
-// Package overlayfs builds image trees from stacks of layers with the
-// kernel overlayfs's semantics: Merge folds per-layer indexes (see package
-// index) into one, Cache keeps per-layer indexes across builds, and
-// FromLayers is the source for containerd's overlayfs snapshot directories.
-// Merge and Cache live here rather than with any one source because every
-// layered source needs both: OCI images and, later, a registry produce the
-// same per-layer indexes from tars. It is not called layers so that it does
-// not collide with the variables of that name its callers have.
 package overlayfs
 
 import (

@@ -1,9 +1,3 @@
-// Package tarlayer reads one uncompressed image layer tar into a per-layer
-// index (see package index), the form overlayfs.Merge folds into an image.
-// It is its own package because every source of layer tars (an OCI layout
-// or archive today, a registry later) reads them the same way and must
-// reject the same hostile archives; those sources differ only in how they
-// find and verify the blobs.
 package tarlayer
 
 import (

@@ -44,7 +44,7 @@ func patchHeader(b []byte, off int, val []byte) []byte {
 }
 
 // mergeTars reads tar layers with the package's reader and merges them
-// like FromOCI, without the blob cache.
+// like oci.FromOCI, without the blob cache.
 func mergeTars(t testing.TB, tars ...[]byte) (*index.Index, error) {
 	t.Helper()
 	var idx []*index.Index
