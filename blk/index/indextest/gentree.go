@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -33,9 +34,12 @@ type GenResult struct {
 var VfsCapV2 = []byte{0x01, 0x00, 0x00, 0x02, 0x00, 0x04, 0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 // GenTree builds a tree under root from a fixed seed with every kind of
-// entry FromDir must handle.
+// entry hostfs.FromDir must handle.
 func GenTree(t testing.TB, root string, seed uint64, o GenOptions) GenResult {
 	t.Helper()
+	if o.Specials || o.Random > 0 {
+		testenv.Root(t, "a generated tree with device nodes or files owned by other users")
+	}
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	res := GenResult{Sparse: map[string][]index.Range{}}
 	dirs := []string{root}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -46,6 +47,7 @@ func buildLayer(t testing.TB, dir string, spec LayerSpec) {
 			Must(t, os.MkdirAll(p, 0o755))
 			Must(t, os.Chmod(p, os.FileMode(mode)|modeBits(mode)))
 			if len(f) > 3 && f[3] == "opaque" {
+				testenv.Root(t, "an opaque directory (trusted.overlay.opaque)")
 				Must(t, unix.Lsetxattr(p, "trusted.overlay.opaque", []byte("y"), 0))
 			}
 		case "f":
@@ -59,8 +61,10 @@ func buildLayer(t testing.TB, dir string, spec LayerSpec) {
 		case "h":
 			Must(t, os.Link(filepath.Join(dir, f[2]), p))
 		case "w":
+			testenv.Root(t, "a whiteout (character device 0:0)")
 			Must(t, unix.Mknod(p, unix.S_IFCHR, 0))
 		case "c", "b":
+			testenv.Root(t, "a device node")
 			var maj, mnr uint32
 			fmt.Sscanf(f[2]+" "+f[3], "%d %d", &maj, &mnr)
 			k := uint32(unix.S_IFCHR)
@@ -73,6 +77,9 @@ func buildLayer(t testing.TB, dir string, spec LayerSpec) {
 		case "s":
 			Must(t, unix.Mknod(p, unix.S_IFSOCK|0o755, 0))
 		case "x":
+			if strings.HasPrefix(f[2], "trusted.") {
+				testenv.Root(t, "a trusted.* xattr")
+			}
 			Must(t, unix.Lsetxattr(p, f[2], []byte(f[3]), 0))
 			continue
 		default:

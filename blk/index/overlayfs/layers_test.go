@@ -12,20 +12,23 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 	"github.com/kata-fsx/kata-fsx/blk/index/indextest"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 	"golang.org/x/sys/unix"
 )
 
 // mountOverlay mounts layers read-only with the kernel's overlayfs and
-// returns the mount point, or skips the test when that is not possible.
+// returns the mount point. Without root that is a missing prerequisite; as
+// root a failure is the test's.
 func mountOverlay(t *testing.T, layers []string) string {
 	t.Helper()
+	testenv.Root(t, "mounting overlayfs to compare the merge with the kernel")
 	mnt := t.TempDir()
 	var lower []string
 	for i := len(layers) - 1; i >= 0; i-- {
 		lower = append(lower, layers[i])
 	}
 	if err := unix.Mount("overlay", mnt, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(lower, ":")); err != nil {
-		t.Skipf("cannot mount overlayfs here (%v); the merge is not compared with the kernel", err)
+		t.Fatalf("mount overlayfs: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := unix.Unmount(mnt, 0); err != nil {
