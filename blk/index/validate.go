@@ -69,7 +69,8 @@ func CheckPath(p string) error {
 	}
 }
 
-// trunc shortens long strings in error messages.
+// Trunc shortens a long string (a path or name from hostile input) for an
+// error message.
 func Trunc(s string) string {
 	if len(s) > 120 {
 		return s[:60] + "..." + s[len(s)-40:]
