@@ -16,8 +16,10 @@ import (
 const cacheVersion = "kata-fsx-index-cache-1"
 
 // Cache stores per-layer indexes in Dir/index/<sha256(key)>.idx, so that a
-// layer is walked or read once however many images use it. The zero Cache
-// (no Dir) stores nothing.
+// layer is walked or read once however many images use it. A source picks
+// keys that change whenever the layer's content may (FromLayers: path and
+// stat stamp or the caller's key; oci: the diffID). The zero Cache (no Dir)
+// stores nothing.
 type Cache struct {
 	Dir string // Options.CacheDir
 }
