@@ -14,6 +14,8 @@ import (
 
 	"github.com/kata-fsx/kata-fsx/blk/ext4"
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
+	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
 	"github.com/kata-fsx/kata-fsx/blk/overlay"
 	"github.com/kata-fsx/kata-fsx/blk/vhostuser"
 )
@@ -88,7 +90,7 @@ const (
 // Build indexes layers (lowest first; a plain directory is one layer) and
 // synthesizes the image into dir/image.
 func Build(ctx context.Context, layers []string, dir string, opts Options) (*ext4.Image, error) {
-	idx, err := index.FromLayers(ctx, layers, index.Options{CacheDir: opts.CacheDir})
+	idx, err := overlayfs.FromLayers(ctx, layers, index.Options{CacheDir: opts.CacheDir})
 	if err != nil {
 		return nil, fmt.Errorf("imagefs-blk: index rootfs: %w", err)
 	}
@@ -129,7 +131,7 @@ func Serve(ctx context.Context, imgDir, overlayPath, socket string, opts Options
 
 func serveImage(ctx context.Context, img *ext4.Image, overlayPath, socket string, opts Options) (*Disk, error) {
 	d := &Disk{Dir: filepath.Dir(overlayPath), Socket: socket, Image: img}
-	d.base = ext4.NewDisk(img, &index.HostOpener{CacheDir: opts.CacheDir})
+	d.base = ext4.NewDisk(img, &hostfs.Opener{CacheDir: opts.CacheDir})
 	var err error
 	d.dev, err = overlay.Open(d.base, d.base.Size(), overlayPath, overlay.Options{BlockSize: int(img.Manifest.BlockSize), ReadOnly: opts.ReadOnly, Serial: "imagefs-blk"})
 	if err != nil {

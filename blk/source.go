@@ -8,6 +8,9 @@ import (
 	"strings"
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
+	"github.com/kata-fsx/kata-fsx/blk/index/oci"
+	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
 )
 
 // ErrSourceSpec is wrapped by errors about a malformed source spec.
@@ -25,15 +28,15 @@ func IndexSource(ctx context.Context, spec, cacheDir string) (*index.Index, erro
 	opts := index.Options{CacheDir: cacheDir}
 	switch kind {
 	case "dir":
-		return index.FromDir(ctx, rest, opts)
+		return hostfs.FromDir(ctx, rest, opts)
 	case "layers":
-		return index.FromLayers(ctx, strings.Split(rest, ":"), opts)
+		return overlayfs.FromLayers(ctx, strings.Split(rest, ":"), opts)
 	case "oci", "oci-archive":
 		path, tag := splitTag(rest)
 		if cacheDir == "" {
 			return nil, fmt.Errorf("source %s: OCI sources need a cache directory (--cache)", spec)
 		}
-		return index.FromOCI(ctx, path, tag, opts)
+		return oci.FromOCI(ctx, path, tag, opts)
 	}
 	return nil, fmt.Errorf("%w: source kind %q: want dir, layers, oci or oci-archive", ErrSourceSpec, kind)
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk"
 	"github.com/kata-fsx/kata-fsx/blk/blockmap"
 	"github.com/kata-fsx/kata-fsx/blk/ext4"
-	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 	"github.com/kata-fsx/kata-fsx/blk/overlay"
 	"github.com/kata-fsx/kata-fsx/config"
 )
@@ -357,7 +357,7 @@ func imageExport(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if *ovl != "" {
 		err = exportWithOverlay(ctx, img, *ovl, *cache, f)
 	} else {
-		err = ext4.Export(ctx, img, &index.HostOpener{CacheDir: *cache}, f)
+		err = ext4.Export(ctx, img, &hostfs.Opener{CacheDir: *cache}, f)
 	}
 	p.Finish()
 	if cerr := f.Close(); err == nil {
@@ -377,7 +377,7 @@ func exportWithOverlay(ctx context.Context, img *ext4.Image, overlayPath, cache 
 	if _, err := os.Stat(overlayPath); err != nil {
 		return fmt.Errorf("overlay: %w", err)
 	}
-	base := ext4.NewDisk(img, &index.HostOpener{CacheDir: cache})
+	base := ext4.NewDisk(img, &hostfs.Opener{CacheDir: cache})
 	defer base.Close()
 	dev, err := overlay.Open(base, base.Size(), overlayPath, overlay.Options{BlockSize: int(img.Manifest.BlockSize), ReadOnly: true})
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 )
 
 // TestFromDirIndex runs the whole pipeline with the index package's own
@@ -16,16 +17,16 @@ func TestFromDirIndex(t *testing.T) {
 	requireTool(t, "e2fsck")
 	src := t.TempDir()
 	makeTree(t, src, false)
-	idx, err := index.FromDir(context.Background(), src, index.Options{})
+	idx, err := hostfs.FromDir(context.Background(), src, index.Options{})
 	if err != nil {
-		t.Fatalf("index.FromDir: %v", err)
+		t.Fatalf("hostfs.FromDir: %v", err)
 	}
 	img, err := Build(context.Background(), idx, Options{Time: time.Unix(testTime, 0)})
 	must(t, err)
 	raw := filepath.Join(t.TempDir(), "disk.img")
 	f, err := os.Create(raw)
 	must(t, err)
-	must(t, Export(context.Background(), img, index.HostOpener{}, f))
+	must(t, Export(context.Background(), img, hostfs.Opener{}, f))
 	must(t, f.Close())
 	fsck(t, raw)
 	compareTree(t, idx, src, mountRO(t, raw), 4096)

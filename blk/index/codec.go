@@ -185,7 +185,7 @@ func Decode(r io.Reader) (*Index, error) {
 	}
 	if flags&flagLayer != 0 {
 		// Per-layer indexes live only in the layer cache.
-		return nil, invalidf("decode index: a per-layer cache index, not a merged index")
+		return nil, Invalidf("decode index: a per-layer cache index, not a merged index")
 	}
 	if err := ix.validate(false); err != nil {
 		return nil, fmt.Errorf("decode index: %w", err)
@@ -199,18 +199,18 @@ func decode(r io.Reader) (*Index, uint32, error) {
 		return nil, 0, fmt.Errorf("decode index header: %w", err)
 	}
 	if string(hdr[:8]) != encMagic {
-		return nil, 0, invalidf("decode index: bad magic")
+		return nil, 0, Invalidf("decode index: bad magic")
 	}
 	if v := binary.LittleEndian.Uint32(hdr[8:]); v != encVersion {
-		return nil, 0, invalidf("decode index: unsupported version %d", v)
+		return nil, 0, Invalidf("decode index: unsupported version %d", v)
 	}
 	flags := binary.LittleEndian.Uint32(hdr[12:])
 	if flags&^flagLayer != 0 || binary.LittleEndian.Uint32(hdr[28:]) != 0 {
-		return nil, 0, invalidf("decode index: unknown flags %#x", flags)
+		return nil, 0, Invalidf("decode index: unknown flags %#x", flags)
 	}
 	n := binary.LittleEndian.Uint64(hdr[16:])
 	if n > MaxEncodedSize {
-		return nil, 0, invalidf("decode index: payload of %d bytes exceeds %d", n, uint64(MaxEncodedSize))
+		return nil, 0, Invalidf("decode index: payload of %d bytes exceeds %d", n, uint64(MaxEncodedSize))
 	}
 	// Grow with the data actually read rather than trusting n up front.
 	var buf bytes.Buffer
@@ -219,137 +219,147 @@ func decode(r io.Reader) (*Index, uint32, error) {
 	}
 	b := buf.Bytes()
 	if uint64(len(b)) != n {
-		return nil, 0, invalidf("decode index: truncated payload (%d of %d bytes)", len(b), n)
+		return nil, 0, Invalidf("decode index: truncated payload (%d of %d bytes)", len(b), n)
 	}
 	if crc32.Checksum(b, castagnoli) != binary.LittleEndian.Uint32(hdr[24:]) {
-		return nil, 0, invalidf("decode index: checksum mismatch")
+		return nil, 0, Invalidf("decode index: checksum mismatch")
 	}
 	d := decoder{b: b}
-	ix, err := d.index()
-	if err != nil {
-		return nil, 0, fmt.Errorf("decode index at byte %d: %w", d.off, err)
+	ix := d.index()
+	if d.err != nil {
+		return nil, 0, fmt.Errorf("decode index at byte %d: %w", d.off, d.err)
 	}
 	return ix, flags, nil
 }
 
+// decoder reads a payload with a sticky error, like archive/tar's reader:
+// the first failure is kept in err and every later read returns a zero
+// value without moving off. A record is therefore read straight through and
+// checked once, off still points at the failure, and the zero values read
+// after it only ever size empty allocations.
 type decoder struct {
 	b   []byte
 	off int
+	err error
 }
 
-func (d *decoder) uvarint() (uint64, error) {
+// fail records err unless an earlier failure is already recorded.
+func (d *decoder) fail(err error) {
+	if d.err == nil {
+		d.err = err
+	}
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
 	v, n := binary.Uvarint(d.b[d.off:])
 	if n <= 0 {
-		return 0, invalidf("bad varint")
+		d.fail(Invalidf("bad varint"))
+		return 0
 	}
 	d.off += n
-	return v, nil
+	return v
 }
 
-func (d *decoder) varint() (int64, error) {
+func (d *decoder) varint() int64 {
+	if d.err != nil {
+		return 0
+	}
 	v, n := binary.Varint(d.b[d.off:])
 	if n <= 0 {
-		return 0, invalidf("bad varint")
+		d.fail(Invalidf("bad varint"))
+		return 0
 	}
 	d.off += n
-	return v, nil
+	return v
 }
 
-// u32 reads a uvarint that must fit 32 bits.
-func (d *decoder) u32(what string) (uint32, error) {
-	v, err := d.uvarint()
-	if err != nil {
-		return 0, err
-	}
+// u32 reads a uvarint that must fit 32 bits; what names the field in the
+// error.
+func (d *decoder) u32(what string) uint32 {
+	v := d.uvarint()
 	if v > math.MaxUint32 {
-		return 0, invalidf("%s %d out of range", what, v)
+		d.fail(Invalidf("%s %d out of range", what, v))
+		return 0
 	}
-	return uint32(v), nil
+	return uint32(v)
 }
 
-func (d *decoder) i64(what string) (int64, error) {
-	v, err := d.uvarint()
-	if err != nil {
-		return 0, err
-	}
+// i64 reads a uvarint that must fit a non-negative int64.
+func (d *decoder) i64(what string) int64 {
+	v := d.uvarint()
 	if v > maxInt64 {
-		return 0, invalidf("%s %d out of range", what, v)
+		d.fail(Invalidf("%s %d out of range", what, v))
+		return 0
 	}
-	return int64(v), nil
+	return int64(v)
 }
 
-// count reads a count whose items take at least min bytes each.
-func (d *decoder) count(what string, min int) (int, error) {
-	v, err := d.uvarint()
-	if err != nil {
-		return 0, err
-	}
+// count reads a count whose items take at least min bytes each, so that it
+// can never exceed what the remaining data could hold.
+func (d *decoder) count(what string, min int) int {
+	v := d.uvarint()
 	if v > uint64(len(d.b)-d.off)/uint64(min) {
-		return 0, invalidf("%s count %d exceeds the remaining data", what, v)
+		d.fail(Invalidf("%s count %d exceeds the remaining data", what, v))
+		return 0
 	}
-	return int(v), nil
+	return int(v)
 }
 
-func (d *decoder) bytes(max int) ([]byte, error) {
-	v, err := d.uvarint()
-	if err != nil {
-		return nil, err
+// bytes reads a length-prefixed byte string of at most max bytes; the
+// result aliases the payload.
+func (d *decoder) bytes(max int) []byte {
+	v := d.uvarint()
+	if d.err != nil {
+		return nil
 	}
 	if v > uint64(max) || v > uint64(len(d.b)-d.off) {
-		return nil, invalidf("string of %d bytes too long or truncated", v)
+		d.fail(Invalidf("string of %d bytes too long or truncated", v))
+		return nil
 	}
 	s := d.b[d.off : d.off+int(v)]
 	d.off += int(v)
-	return s, nil
+	return s
 }
 
-func (d *decoder) string(max int) (string, error) {
-	b, err := d.bytes(max)
-	return string(b), err
+func (d *decoder) string(max int) string {
+	return string(d.bytes(max))
 }
 
-func (d *decoder) byte() (byte, error) {
+func (d *decoder) byte() byte {
+	if d.err != nil {
+		return 0
+	}
 	if d.off >= len(d.b) {
-		return 0, invalidf("truncated")
+		d.fail(Invalidf("truncated"))
+		return 0
 	}
 	c := d.b[d.off]
 	d.off++
-	return c, nil
+	return c
 }
 
-func (d *decoder) time() (Timespec, error) {
-	s, err := d.varint()
-	if err != nil {
-		return Timespec{}, err
-	}
-	ns, err := d.u32("nanoseconds")
-	if err != nil {
-		return Timespec{}, err
-	}
-	return Timespec{Sec: s, Nsec: ns}, nil
+func (d *decoder) time() Timespec {
+	s := d.varint()
+	ns := d.u32("nanoseconds")
+	return Timespec{Sec: s, Nsec: ns}
 }
 
-func (d *decoder) index() (*Index, error) {
+// index reads the payload; failures are left in d.err.
+func (d *decoder) index() *Index {
 	ix := &Index{}
-	ns, err := d.count("source", 2)
-	if err != nil {
-		return nil, err
-	}
+	ns := d.count("source", 2)
 	ix.Sources = make([]Source, 0, ns)
 	for range ns {
-		k, err := d.byte()
-		if err != nil {
-			return nil, err
-		}
-		id, err := d.string(MaxPathLen + 64)
-		if err != nil {
-			return nil, err
-		}
+		k := d.byte()
+		id := d.string(MaxPathLen + 64)
 		ix.Sources = append(ix.Sources, Source{Kind: SourceKind(k), ID: id})
 	}
-	ne, err := d.count("entry", minEncodedEntry)
-	if err != nil {
-		return nil, err
+	ne := d.count("entry", minEncodedEntry)
+	if d.err != nil {
+		return nil
 	}
 	// count bounded ne by the bytes actually read, so this allocation is
 	// proportional to the input, not to a claimed length.
@@ -357,142 +367,92 @@ func (d *decoder) index() (*Index, error) {
 	prev := ""
 	for range ne {
 		var e Entry
-		if err := d.entry(&e, prev); err != nil {
-			return nil, fmt.Errorf("entry %d after %q: %w", len(ix.Entries), trunc(prev), err)
+		d.entry(&e, prev)
+		if d.err != nil {
+			d.err = fmt.Errorf("entry %d after %q: %w", len(ix.Entries), Trunc(prev), d.err)
+			return nil
 		}
 		ix.Entries = append(ix.Entries, e)
 		prev = e.Path
 	}
 	if d.off != len(d.b) {
-		return nil, invalidf("%d trailing bytes", len(d.b)-d.off)
+		d.fail(Invalidf("%d trailing bytes", len(d.b)-d.off))
+		return nil
 	}
-	return ix, nil
+	return ix
 }
 
-func (d *decoder) entry(e *Entry, prev string) error {
-	shared, err := d.uvarint()
-	if err != nil {
-		return err
-	}
+// entry reads one entry whose path shares a prefix with prev.
+func (d *decoder) entry(e *Entry, prev string) {
+	shared := d.uvarint()
 	if shared > uint64(len(prev)) {
-		return invalidf("shared prefix %d longer than previous path", shared)
+		d.fail(Invalidf("shared prefix %d longer than previous path", shared))
+		return
 	}
-	suffix, err := d.bytes(MaxPathLen)
-	if err != nil {
-		return err
-	}
+	suffix := d.bytes(MaxPathLen)
 	if int(shared)+len(suffix) > MaxPathLen {
-		return invalidf("path too long")
+		d.fail(Invalidf("path too long"))
+		return
 	}
 	e.Path = prev[:shared] + string(suffix)
-	t, err := d.byte()
-	if err != nil {
-		return err
-	}
-	e.Type = Type(t)
-	f, err := d.uvarint()
-	if err != nil {
-		return err
-	}
+	e.Type = Type(d.byte())
+	f := d.uvarint()
 	if f&^efAll != 0 {
-		return invalidf("unknown entry flags %#x", f)
+		d.fail(Invalidf("unknown entry flags %#x", f))
+		return
 	}
-	if e.Mode, err = d.u32("mode"); err != nil {
-		return err
-	}
-	if e.UID, err = d.u32("uid"); err != nil {
-		return err
-	}
-	if e.GID, err = d.u32("gid"); err != nil {
-		return err
-	}
-	if e.Mtime, err = d.time(); err != nil {
-		return err
-	}
+	e.Mode = d.u32("mode")
+	e.UID = d.u32("uid")
+	e.GID = d.u32("gid")
+	e.Mtime = d.time()
 	e.Atime, e.Ctime = e.Mtime, e.Mtime
 	if f&efAtimeIsMtime == 0 {
-		if e.Atime, err = d.time(); err != nil {
-			return err
-		}
+		e.Atime = d.time()
 	}
 	if f&efCtimeIsMtime == 0 {
-		if e.Ctime, err = d.time(); err != nil {
-			return err
-		}
+		e.Ctime = d.time()
 	}
-	if e.Size, err = d.i64("size"); err != nil {
-		return err
-	}
+	e.Size = d.i64("size")
 	if f&efLinkname != 0 {
-		if e.Linkname, err = d.string(MaxPathLen); err != nil {
-			return err
-		}
+		e.Linkname = d.string(MaxPathLen)
 	}
 	if f&efDev != 0 {
-		if e.Devmajor, err = d.u32("major"); err != nil {
-			return err
-		}
-		if e.Devminor, err = d.u32("minor"); err != nil {
-			return err
-		}
+		e.Devmajor = d.u32("major")
+		e.Devminor = d.u32("minor")
 	}
 	if f&efXattrs != 0 {
-		n, err := d.count("xattr", 2)
-		if err != nil {
-			return err
-		}
-		e.Xattrs = make([]Xattr, n)
+		e.Xattrs = make([]Xattr, d.count("xattr", 2))
 		for i := range e.Xattrs {
-			if e.Xattrs[i].Name, err = d.string(MaxXattrNameLen); err != nil {
-				return err
-			}
-			v, err := d.bytes(MaxXattrSize)
-			if err != nil {
-				return err
-			}
-			e.Xattrs[i].Value = bytes.Clone(v)
+			e.Xattrs[i].Name = d.string(MaxXattrNameLen)
+			// Cloned so the index does not pin the whole payload.
+			e.Xattrs[i].Value = bytes.Clone(d.bytes(MaxXattrSize))
 			if e.Xattrs[i].Value == nil {
 				e.Xattrs[i].Value = []byte{}
 			}
 		}
 	}
 	if f&efData != 0 {
-		if e.Data.Source, err = d.u32("source"); err != nil {
-			return err
-		}
+		e.Data.Source = d.u32("source")
 		if f&efDataPathIsPath != 0 {
 			e.Data.Path = e.Path
-		} else if e.Data.Path, err = d.string(MaxPathLen); err != nil {
-			return err
+		} else {
+			e.Data.Path = d.string(MaxPathLen)
 		}
-		if e.Data.Offset, err = d.i64("offset"); err != nil {
-			return err
-		}
+		e.Data.Offset = d.i64("offset")
 		if f&efSegments != 0 {
-			n, err := d.count("segment", 2)
-			if err != nil {
-				return err
-			}
-			e.Data.Segments = make([]Range, n)
+			e.Data.Segments = make([]Range, d.count("segment", 2))
 			for i := range e.Data.Segments {
-				if e.Data.Segments[i].Off, err = d.i64("segment offset"); err != nil {
-					return err
-				}
-				if e.Data.Segments[i].Len, err = d.i64("segment length"); err != nil {
-					return err
-				}
+				e.Data.Segments[i].Off = d.i64("segment offset")
+				e.Data.Segments[i].Len = d.i64("segment length")
 			}
 		}
 	} else if f&(efDataPathIsPath|efSegments) != 0 {
-		return invalidf("data flags without data")
+		d.fail(Invalidf("data flags without data"))
 	}
 	if f&efIno != 0 {
-		if e.Ino, err = d.u32("inode"); err != nil {
-			return err
-		}
+		e.Ino = d.u32("inode")
 		if e.Ino == 0 {
-			return invalidf("zero inode flagged")
+			d.fail(Invalidf("zero inode flagged"))
 		}
 	}
-	return nil
 }

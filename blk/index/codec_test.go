@@ -1,38 +1,42 @@
-package index
+package index_test
 
 import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"fmt"
 	"hash/crc32"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/indextest"
+	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
+	"github.com/kata-fsx/kata-fsx/blk/index/tarlayer"
 )
 
 // sampleIndex is a small valid merged index touching every field.
-func sampleIndex() *Index {
-	return &Index{
-		Sources: []Source{{Kind: SourceDir, ID: "/var/lib/layer1/fs"}, {Kind: SourceBlob, ID: "sha256:" + strings.Repeat("ab", 32)}},
-		Entries: []Entry{
-			{Path: ".", Type: TypeDir, Mode: 0o755, Mtime: Timespec{Sec: -5, Nsec: 999999999}},
-			{Path: "a", Type: TypeDir, Mode: 0o1777, UID: 1, GID: 2, Xattrs: []Xattr{{Name: "user.a", Value: []byte{}}, {Name: "user.b", Value: []byte("x")}}},
-			{Path: "a/f", Type: TypeRegular, Mode: 0o4755, Size: 10 << 20, Data: Data{Source: 0, Path: "a/f", Segments: []Range{{Off: 4096, Len: 4096}}}, Atime: Timespec{Sec: 1}, Ctime: Timespec{Sec: 2, Nsec: 3}},
-			{Path: "a/g", Type: TypeHardlink, Linkname: "a/f", Size: 10 << 20, Mode: 0o4755},
-			{Path: "a-b", Type: TypeRegular, Size: 5, Data: Data{Source: 1, Offset: 512}, Ino: 77},
-			{Path: "c", Type: TypeChar, Devmajor: 4095, Devminor: 1<<20 - 1},
-			{Path: "e", Type: TypeRegular, Size: 0, Data: Data{Source: 0, Path: "other/e", Segments: []Range{}}},
-			{Path: "l", Type: TypeSymlink, Linkname: "/x"},
-			{Path: "p", Type: TypeFifo},
-			{Path: "s", Type: TypeSocket},
+func sampleIndex() *index.Index {
+	return &index.Index{
+		Sources: []index.Source{{Kind: index.SourceDir, ID: "/var/lib/layer1/fs"}, {Kind: index.SourceBlob, ID: "sha256:" + strings.Repeat("ab", 32)}},
+		Entries: []index.Entry{
+			{Path: ".", Type: index.TypeDir, Mode: 0o755, Mtime: index.Timespec{Sec: -5, Nsec: 999999999}},
+			{Path: "a", Type: index.TypeDir, Mode: 0o1777, UID: 1, GID: 2, Xattrs: []index.Xattr{{Name: "user.a", Value: []byte{}}, {Name: "user.b", Value: []byte("x")}}},
+			{Path: "a/f", Type: index.TypeRegular, Mode: 0o4755, Size: 10 << 20, Data: index.Data{Source: 0, Path: "a/f", Segments: []index.Range{{Off: 4096, Len: 4096}}}, Atime: index.Timespec{Sec: 1}, Ctime: index.Timespec{Sec: 2, Nsec: 3}},
+			{Path: "a/g", Type: index.TypeHardlink, Linkname: "a/f", Size: 10 << 20, Mode: 0o4755},
+			{Path: "a-b", Type: index.TypeRegular, Size: 5, Data: index.Data{Source: 1, Offset: 512}, Ino: 77},
+			{Path: "c", Type: index.TypeChar, Devmajor: 4095, Devminor: 1<<20 - 1},
+			{Path: "e", Type: index.TypeRegular, Size: 0, Data: index.Data{Source: 0, Path: "other/e", Segments: []index.Range{}}},
+			{Path: "l", Type: index.TypeSymlink, Linkname: "/x"},
+			{Path: "p", Type: index.TypeFifo},
+			{Path: "s", Type: index.TypeSocket},
 		},
 	}
 }
 
-func encoded(t testing.TB, ix *Index) []byte {
+func encoded(t testing.TB, ix *index.Index) []byte {
 	var buf bytes.Buffer
-	must(t, Encode(&buf, ix))
+	indextest.Must(t, index.Encode(&buf, ix))
 	return buf.Bytes()
 }
 
@@ -40,21 +44,21 @@ func encoded(t testing.TB, ix *Index) []byte {
 func withPayload(p []byte) []byte { return withPayloadFlags(p, 0) }
 
 func withPayloadFlags(p []byte, flags uint32) []byte {
-	h := make([]byte, encHeaderSize)
-	copy(h, encMagic)
-	binary.LittleEndian.PutUint32(h[8:], encVersion)
+	h := make([]byte, index.EncHeaderSize)
+	copy(h, index.EncMagic)
+	binary.LittleEndian.PutUint32(h[8:], index.EncVersion)
 	binary.LittleEndian.PutUint32(h[12:], flags)
 	binary.LittleEndian.PutUint64(h[16:], uint64(len(p)))
-	binary.LittleEndian.PutUint32(h[24:], crc32.Checksum(p, castagnoli))
+	binary.LittleEndian.PutUint32(h[24:], crc32.Checksum(p, index.Castagnoli))
 	return append(h, p...)
 }
 
 func TestEncodeDecode(t *testing.T) {
 	ix := sampleIndex()
-	must(t, ix.Validate())
+	indextest.Must(t, ix.Validate())
 	b := encoded(t, ix)
-	got, err := Decode(bytes.NewReader(b))
-	must(t, err)
+	got, err := index.Decode(bytes.NewReader(b))
+	indextest.Must(t, err)
 	if !reflect.DeepEqual(got, ix) {
 		t.Fatalf("round trip:\n%+v\n%+v", got, ix)
 	}
@@ -64,113 +68,40 @@ func TestEncodeDecode(t *testing.T) {
 		"version":   append(append(append([]byte{}, b[:8]...), 9, 0, 0, 0), b[12:]...),
 		"checksum":  append(bytes.Clone(b[:len(b)-1]), b[len(b)-1]^1),
 		"truncated": b[:len(b)-3],
-		"trailing":  withPayload(append(bytes.Clone(b[encHeaderSize:]), 0)),
+		"trailing":  withPayload(append(bytes.Clone(b[index.EncHeaderSize:]), 0)),
 		// Counts far beyond the data must fail before allocating.
 		"sources-count": withPayload(binary.AppendUvarint(nil, 1<<60)),
 		"entries-count": withPayload(binary.AppendUvarint([]byte{0}, 1<<40)),
 		"huge-length":   append(append(bytes.Clone(b[:16]), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f), b[24:]...),
 	}
 	for name, in := range bad {
-		if _, err := Decode(bytes.NewReader(in)); err == nil {
+		if _, err := index.Decode(bytes.NewReader(in)); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
 	// Structurally fine but semantically invalid indexes are rejected.
-	mut := map[string]func(ix *Index){
-		"order":        func(ix *Index) { ix.Entries[4], ix.Entries[5] = ix.Entries[5], ix.Entries[4] },
-		"no-parent":    func(ix *Index) { ix.Entries[2].Path = "z/f"; ix.Entries[2].Data.Path = "z/f" },
-		"link-target":  func(ix *Index) { ix.Entries[3].Linkname = "nope" },
-		"link-to-dir":  func(ix *Index) { ix.Entries[3].Linkname = "a" },
-		"dotdot":       func(ix *Index) { ix.Entries[7].Path = "l/../x" },
-		"dev":          func(ix *Index) { ix.Entries[5].Devmajor = 4096 },
-		"segments":     func(ix *Index) { ix.Entries[2].Data.Segments = []Range{{Off: 10 << 20, Len: 1}} },
-		"source":       func(ix *Index) { ix.Entries[4].Data.Source = 9 },
-		"mode":         func(ix *Index) { ix.Entries[1].Mode = 0o170000 },
-		"xattr-order":  func(ix *Index) { ix.Entries[1].Xattrs[0].Name = "user.c" },
-		"overlay":      func(ix *Index) { ix.Entries[1].Xattrs[1].Name = "trusted.overlay.opaque" },
-		"blob-id":      func(ix *Index) { ix.Sources[1].ID = "sha256:../../x" },
-		"type":         func(ix *Index) { ix.Entries[8].Type = 42 },
-		"root":         func(ix *Index) { ix.Entries[0].Type = TypeRegular },
-		"symlink-long": func(ix *Index) { ix.Entries[7].Linkname = strings.Repeat("x", 4096) },
+	mut := map[string]func(ix *index.Index){
+		"order":        func(ix *index.Index) { ix.Entries[4], ix.Entries[5] = ix.Entries[5], ix.Entries[4] },
+		"no-parent":    func(ix *index.Index) { ix.Entries[2].Path = "z/f"; ix.Entries[2].Data.Path = "z/f" },
+		"link-target":  func(ix *index.Index) { ix.Entries[3].Linkname = "nope" },
+		"link-to-dir":  func(ix *index.Index) { ix.Entries[3].Linkname = "a" },
+		"dotdot":       func(ix *index.Index) { ix.Entries[7].Path = "l/../x" },
+		"dev":          func(ix *index.Index) { ix.Entries[5].Devmajor = 4096 },
+		"segments":     func(ix *index.Index) { ix.Entries[2].Data.Segments = []index.Range{{Off: 10 << 20, Len: 1}} },
+		"source":       func(ix *index.Index) { ix.Entries[4].Data.Source = 9 },
+		"mode":         func(ix *index.Index) { ix.Entries[1].Mode = 0o170000 },
+		"xattr-order":  func(ix *index.Index) { ix.Entries[1].Xattrs[0].Name = "user.c" },
+		"overlay":      func(ix *index.Index) { ix.Entries[1].Xattrs[1].Name = "trusted.overlay.opaque" },
+		"blob-id":      func(ix *index.Index) { ix.Sources[1].ID = "sha256:../../x" },
+		"type":         func(ix *index.Index) { ix.Entries[8].Type = 42 },
+		"root":         func(ix *index.Index) { ix.Entries[0].Type = index.TypeRegular },
+		"symlink-long": func(ix *index.Index) { ix.Entries[7].Linkname = strings.Repeat("x", 4096) },
 	}
 	for name, f := range mut {
 		ix := sampleIndex()
 		f(ix)
-		if _, err := Decode(bytes.NewReader(encoded(t, ix))); err == nil {
+		if _, err := index.Decode(bytes.NewReader(encoded(t, ix))); err == nil {
 			t.Errorf("%s: accepted", name)
-		}
-	}
-}
-
-func fuzzSeedTars(t testing.TB) [][]byte {
-	return [][]byte{
-		buildTar(t, []tarEnt{{name: "./", typ: '5'}, {name: "a/b/c", body: "abc"}, {name: "a/.wh..wh..opq"}, {name: ".wh.x"}, {name: "l", typ: '1', link: "a/b/c"}, {name: "s", typ: '2', link: "/etc"}}),
-		buildTar(t, []tarEnt{{name: "f", body: "1", pax: map[string]string{"SCHILY.xattr.user.x": "y", "SCHILY.xattr.security.capability": string(vfsCapV2)}}, {name: "c", typ: '3', major: 1, minor: 3}, {name: "p", typ: '6'}}),
-		buildTar(t, []tarEnt{{name: "z", body: "z"}, {name: "a", typ: '1', link: "z"}, {name: "lower", typ: '1', link: "q"}, {name: ".wh.q"}}),
-		buildTar(t, []tarEnt{{name: "../x", body: "x"}}),
-		{},
-	}
-}
-
-func FuzzLayerTar(f *testing.F) {
-	for _, b := range fuzzSeedTars(f) {
-		f.Add(b)
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzTarOne(t, data)
-		// Header checksums reject nearly every mutation; also try the input
-		// with the checksum of each ustar-looking block repaired.
-		fixed := bytes.Clone(data)
-		changed := false
-		for off := 0; off+512 <= len(fixed); off += 512 {
-			blk := fixed[off : off+512]
-			if string(blk[257:262]) != "ustar" {
-				continue
-			}
-			before := string(blk[148:156])
-			copy(blk[148:156], "        ")
-			sum := 0
-			for _, c := range blk {
-				sum += int(c)
-			}
-			copy(blk[148:156], fmt.Sprintf("%06o\x00 ", sum))
-			changed = changed || before != string(blk[148:156])
-		}
-		if changed {
-			fuzzTarOne(t, fixed)
-		}
-	})
-}
-
-func fuzzTarOne(t *testing.T, data []byte) {
-	src := Source{Kind: SourceBlob, ID: "sha256:" + strings.Repeat("0", 64)}
-	{
-		ix, err := readTarLayer(context.Background(), bytes.NewReader(data), src, 5000, "fuzz")
-		if err != nil {
-			return
-		}
-		if err := ix.validate(true); err != nil {
-			t.Fatalf("accepted layer yields an invalid index: %v", err)
-		}
-		for _, e := range ix.Entries {
-			if e.Type == TypeRegular && (e.Data.Offset < 0 || e.Data.Offset+e.Size > int64(len(data))) {
-				t.Fatalf("%q: data [%d,+%d) outside the %d-byte tar", e.Path, e.Data.Offset, e.Size, len(data))
-			}
-		}
-		var buf bytes.Buffer
-		must(t, encode(&buf, ix, flagLayer))
-		dec, flags, err := decode(&buf)
-		if err != nil || flags != flagLayer {
-			t.Fatalf("layer index does not decode: %v", err)
-		}
-		if !reflect.DeepEqual(normalize(dec), normalize(ix)) {
-			t.Fatal("layer index round trip differs")
-		}
-		m, err := merge(context.Background(), []*Index{ix}, []string{"fuzz"}, 5000)
-		if err == nil {
-			if err := m.Validate(); err != nil {
-				t.Fatalf("merged index invalid: %v", err)
-			}
 		}
 	}
 }
@@ -180,49 +111,49 @@ func FuzzDecode(f *testing.F) {
 	f.Add(b)
 	f.Add(b[:40])
 	f.Add(withPayload([]byte{0, 1, 0, 0, 1, '.', 2, 0}))
-	for _, tb := range fuzzSeedTars(f)[:3] {
-		ix, err := readTarLayer(context.Background(), bytes.NewReader(tb), Source{Kind: SourceBlob, ID: digestOf(tb)}, 100, "seed")
-		must(f, err)
+	for _, tb := range indextest.FuzzSeedTars(f)[:3] {
+		ix, err := tarlayer.Read(context.Background(), bytes.NewReader(tb), index.Source{Kind: index.SourceBlob, ID: indextest.DigestOf(tb)}, 100, "seed")
+		indextest.Must(f, err)
 		var buf bytes.Buffer
-		must(f, encode(&buf, ix, flagLayer))
+		indextest.Must(f, index.EncodeLayer(&buf, ix))
 		f.Add(buf.Bytes())
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		// The checksum stops almost every mutation, so also feed the data as
 		// a payload behind a valid header, as a merged and as a layer index.
-		if len(data) > encHeaderSize && string(data[:len(encMagic)]) == encMagic {
+		if len(data) > index.EncHeaderSize && string(data[:len(index.EncMagic)]) == index.EncMagic {
 			fuzzDecodeOne(t, data)
-			fuzzDecodeOne(t, withPayload(data[encHeaderSize:]))
-			fuzzDecodeOne(t, withPayloadFlags(data[encHeaderSize:], flagLayer))
+			fuzzDecodeOne(t, withPayload(data[index.EncHeaderSize:]))
+			fuzzDecodeOne(t, withPayloadFlags(data[index.EncHeaderSize:], index.FlagLayer))
 			return
 		}
 		fuzzDecodeOne(t, data)
 		fuzzDecodeOne(t, withPayload(data))
-		fuzzDecodeOne(t, withPayloadFlags(data, flagLayer))
+		fuzzDecodeOne(t, withPayloadFlags(data, index.FlagLayer))
 	})
 }
 
 func fuzzDecodeOne(t *testing.T, data []byte) {
 	{
 		// The layer cache path: decode, relaxed validation, merge.
-		if lx, flags, err := decode(bytes.NewReader(data)); err == nil && flags == flagLayer && lx.validate(true) == nil && len(lx.Sources) == 1 {
-			if m, err := merge(context.Background(), []*Index{lx}, []string{"fuzz"}, 5000); err == nil {
+		if lx, err := index.DecodeLayer(bytes.NewReader(data)); err == nil && len(lx.Sources) == 1 {
+			if m, err := overlayfs.Merge(context.Background(), []*index.Index{lx}, []string{"fuzz"}, 5000); err == nil {
 				if err := m.Validate(); err != nil {
 					t.Fatalf("merge of a cached layer gives an invalid index: %v", err)
 				}
 			}
 		}
-		ix, err := Decode(bytes.NewReader(data))
+		ix, err := index.Decode(bytes.NewReader(data))
 		if err != nil {
 			return
 		}
 		var buf bytes.Buffer
-		must(t, Encode(&buf, ix))
-		again, err := Decode(&buf)
+		indextest.Must(t, index.Encode(&buf, ix))
+		again, err := index.Decode(&buf)
 		if err != nil {
 			t.Fatalf("re-encoded index does not decode: %v", err)
 		}
-		if !reflect.DeepEqual(normalize(again), normalize(ix)) {
+		if !reflect.DeepEqual(indextest.Normalize(again), indextest.Normalize(ix)) {
 			t.Fatal("round trip differs")
 		}
 	}

@@ -2,6 +2,14 @@
 // metadata and, for regular files, where the bytes live. An Index is
 // immutable once built; the ext4 synthesizer reads it and the block device
 // resolves data extents through the Source table it carries.
+//
+// This package holds the model, its binary encoding and its validation,
+// plus what every source shares: Options, the limits, the per-layer index
+// form (layer.go) and the path and error helpers. The sources are packages
+// of their own that import this one and never the reverse: hostfs (a host
+// directory, and the Opener for what the sources produce), overlayfs
+// (overlay layer stacks), tarlayer (one layer tar) and oci (OCI layouts and
+// archives). A new source is a new package beside them.
 package index
 
 import (

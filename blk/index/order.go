@@ -56,9 +56,9 @@ func (ix *Index) Lookup(p string) int {
 	return -1
 }
 
-// parentPath returns the parent of a clean relative index path ("." for a
+// ParentPath returns the parent of a clean relative index path ("." for a
 // top-level name).
-func parentPath(p string) string {
+func ParentPath(p string) string {
 	i := strings.LastIndexByte(p, '/')
 	if i < 0 {
 		return "."
@@ -66,30 +66,15 @@ func parentPath(p string) string {
 	return p[:i]
 }
 
-// baseName returns the last component of a clean relative index path.
-func baseName(p string) string {
+// BaseName returns the last component of a clean relative index path.
+func BaseName(p string) string {
 	return p[strings.LastIndexByte(p, '/')+1:]
 }
 
-// joinPath appends a name to an index directory path.
-func joinPath(dir, name string) string {
+// JoinPath appends a name to an index directory path ("." is the root).
+func JoinPath(dir, name string) string {
 	if dir == "." {
 		return name
 	}
 	return dir + "/" + name
 }
-
-// Extended attribute names this package interprets in layer indexes. They
-// are all in the overlay namespace, which never reaches a merged index: the
-// merge strips it, and tar layers drop image-supplied overlay xattrs so an
-// image cannot forge the markers.
-const (
-	overlayXattrPrefix = "trusted.overlay."
-	xattrOpaque        = "trusted.overlay.opaque"
-	// xattrImplicit marks a directory a tar layer only implies (a parent of
-	// an entry, or the holder of an opaque marker): it keeps a lower
-	// directory's metadata or gets default metadata.
-	xattrImplicit = "trusted.overlay.kata-fsx.implicit"
-	// xattrLowerLink marks a tar hard link whose target is in a lower layer.
-	xattrLowerLink = "trusted.overlay.kata-fsx.lowerlink"
-)

@@ -25,27 +25,28 @@ const (
 // every rejection of hostile input wraps it.
 var ErrInvalid = errors.New("invalid image index")
 
-func invalidf(format string, args ...any) error {
+// Invalidf returns an error wrapping ErrInvalid with a formatted reason.
+func Invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
 }
 
-// checkPath verifies that p is a clean, relative, slash-separated index path
+// CheckPath verifies that p is a clean, relative, slash-separated index path
 // within the length limits ("." is the root).
-func checkPath(p string) error {
+func CheckPath(p string) error {
 	if p == "." {
 		return nil
 	}
 	if p == "" {
-		return invalidf("empty path")
+		return Invalidf("empty path")
 	}
 	if len(p) > MaxPathLen {
-		return invalidf("path of %d bytes exceeds %d", len(p), MaxPathLen)
+		return Invalidf("path of %d bytes exceeds %d", len(p), MaxPathLen)
 	}
 	if p[0] == '/' {
-		return invalidf("absolute path %q", p)
+		return Invalidf("absolute path %q", p)
 	}
 	if strings.IndexByte(p, 0) >= 0 {
-		return invalidf("path %q contains a NUL byte", p)
+		return Invalidf("path %q contains a NUL byte", p)
 	}
 	for rest := p; ; {
 		i := strings.IndexByte(rest, '/')
@@ -55,11 +56,11 @@ func checkPath(p string) error {
 		}
 		switch {
 		case c == "":
-			return invalidf("path %q has an empty component", p)
+			return Invalidf("path %q has an empty component", p)
 		case c == "." || c == "..":
-			return invalidf("path %q has a %q component", p, c)
+			return Invalidf("path %q has a %q component", p, c)
 		case len(c) > MaxNameLen:
-			return invalidf("path %q has a component of %d bytes (max %d)", trunc(p), len(c), MaxNameLen)
+			return Invalidf("path %q has a component of %d bytes (max %d)", Trunc(p), len(c), MaxNameLen)
 		}
 		if i < 0 {
 			return nil
@@ -68,17 +69,19 @@ func checkPath(p string) error {
 	}
 }
 
-// trunc shortens long strings in error messages.
-func trunc(s string) string {
+// Trunc shortens a long string (a path or name from hostile input) for an
+// error message.
+func Trunc(s string) string {
 	if len(s) > 120 {
 		return s[:60] + "..." + s[len(s)-40:]
 	}
 	return s
 }
 
-func checkDev(major, minor uint64) error {
+// CheckDev verifies that a device number fits ext4's encoding.
+func CheckDev(major, minor uint64) error {
 	if major > MaxDevMajor || minor > MaxDevMinor {
-		return invalidf("device %d:%d out of range (ext4 encodes major < %d, minor < %d)", major, minor, MaxDevMajor+1, MaxDevMinor+1)
+		return Invalidf("device %d:%d out of range (ext4 encodes major < %d, minor < %d)", major, minor, MaxDevMajor+1, MaxDevMinor+1)
 	}
 	return nil
 }
@@ -90,28 +93,27 @@ func (ix *Index) Validate() error {
 	return ix.validate(false)
 }
 
-// validate also serves per-layer indexes (layer=true), whose hard links may
-// name a target in a lower layer (marked with xattrLowerLink).
+// validate serves Validate and, with layer set, ValidateLayer.
 func (ix *Index) validate(layer bool) error {
 	for i, s := range ix.Sources {
 		switch s.Kind {
 		case SourceDir:
 			if s.ID == "" {
-				return invalidf("source %d: empty directory", i)
+				return Invalidf("source %d: empty directory", i)
 			}
 		case SourceBlob:
-			if _, err := blobHex(s.ID); err != nil {
+			if _, err := BlobHex(s.ID); err != nil {
 				return fmt.Errorf("source %d: %w", i, err)
 			}
 		default:
-			return invalidf("source %d: unknown kind %d", i, s.Kind)
+			return Invalidf("source %d: unknown kind %d", i, s.Kind)
 		}
 	}
 	if len(ix.Entries) == 0 {
-		return invalidf("no root entry")
+		return Invalidf("no root entry")
 	}
 	if ix.Entries[0].Path != "." || ix.Entries[0].Type != TypeDir {
-		return invalidf("first entry %q is not the root directory", trunc(ix.Entries[0].Path))
+		return Invalidf("first entry %q is not the root directory", Trunc(ix.Entries[0].Path))
 	}
 	// Directories along the current depth-first branch: with the Index order
 	// an entry's parent, if present, is on this stack.
@@ -119,30 +121,30 @@ func (ix *Index) validate(layer bool) error {
 	for i := range ix.Entries {
 		e := &ix.Entries[i]
 		if err := e.check(ix, layer); err != nil {
-			return fmt.Errorf("entry %q: %w", trunc(e.Path), err)
+			return fmt.Errorf("entry %q: %w", Trunc(e.Path), err)
 		}
 		if i > 0 {
 			if ComparePaths(ix.Entries[i-1].Path, e.Path) >= 0 {
-				return invalidf("entry %q out of order after %q", trunc(e.Path), trunc(ix.Entries[i-1].Path))
+				return Invalidf("entry %q out of order after %q", Trunc(e.Path), Trunc(ix.Entries[i-1].Path))
 			}
-			parent := parentPath(e.Path)
+			parent := ParentPath(e.Path)
 			for len(stack) > 0 && stack[len(stack)-1] != parent {
 				stack = stack[:len(stack)-1]
 			}
 			if len(stack) == 0 {
-				return invalidf("entry %q: parent %q is not a directory of the index", trunc(e.Path), trunc(parent))
+				return Invalidf("entry %q: parent %q is not a directory of the index", Trunc(e.Path), Trunc(parent))
 			}
 		}
 		if e.Type == TypeDir {
 			stack = append(stack, e.Path)
 		}
-		if e.Type == TypeHardlink && !(layer && hasXattr(e.Xattrs, xattrLowerLink)) {
+		if e.Type == TypeHardlink && !(layer && HasXattr(e.Xattrs, XattrLowerLink)) {
 			j := ix.Lookup(e.Linkname)
 			if j < 0 || j >= i {
-				return invalidf("hard link %q: target %q is missing or does not precede it", trunc(e.Path), trunc(e.Linkname))
+				return Invalidf("hard link %q: target %q is missing or does not precede it", Trunc(e.Path), Trunc(e.Linkname))
 			}
 			if t := ix.Entries[j].Type; t == TypeDir || t == TypeHardlink {
-				return invalidf("hard link %q: target %q is a %s", trunc(e.Path), trunc(e.Linkname), t)
+				return Invalidf("hard link %q: target %q is a %s", Trunc(e.Path), Trunc(e.Linkname), t)
 			}
 		}
 	}
@@ -150,43 +152,43 @@ func (ix *Index) validate(layer bool) error {
 }
 
 func (e *Entry) check(ix *Index, layer bool) error {
-	if err := checkPath(e.Path); err != nil {
+	if err := CheckPath(e.Path); err != nil {
 		return err
 	}
 	if e.Mode&^07777 != 0 {
-		return invalidf("mode %#o has bits outside 07777", e.Mode)
+		return Invalidf("mode %#o has bits outside 07777", e.Mode)
 	}
 	if e.Atime.Nsec >= 1e9 || e.Mtime.Nsec >= 1e9 || e.Ctime.Nsec >= 1e9 {
-		return invalidf("nanoseconds out of range")
+		return Invalidf("nanoseconds out of range")
 	}
 	if e.Size < 0 {
-		return invalidf("negative size %d", e.Size)
+		return Invalidf("negative size %d", e.Size)
 	}
 	for j, x := range e.Xattrs {
 		if x.Name == "" || len(x.Name) > MaxXattrNameLen || strings.IndexByte(x.Name, 0) >= 0 {
-			return invalidf("bad xattr name %q", trunc(x.Name))
+			return Invalidf("bad xattr name %q", Trunc(x.Name))
 		}
 		if len(x.Value) > MaxXattrSize {
-			return invalidf("xattr %q value of %d bytes exceeds %d", x.Name, len(x.Value), MaxXattrSize)
+			return Invalidf("xattr %q value of %d bytes exceeds %d", x.Name, len(x.Value), MaxXattrSize)
 		}
 		if j > 0 && e.Xattrs[j-1].Name >= x.Name {
-			return invalidf("xattrs not sorted or duplicated at %q", x.Name)
+			return Invalidf("xattrs not sorted or duplicated at %q", x.Name)
 		}
-		if !layer && strings.HasPrefix(x.Name, overlayXattrPrefix) {
-			return invalidf("overlay xattr %q in a merged index", x.Name)
+		if !layer && strings.HasPrefix(x.Name, XattrOverlayPrefix) {
+			return Invalidf("overlay xattr %q in a merged index", x.Name)
 		}
 	}
 	if e.Type != TypeSymlink && e.Type != TypeHardlink && e.Linkname != "" {
-		return invalidf("link name on a %s", e.Type)
+		return Invalidf("link name on a %s", e.Type)
 	}
 	if e.Type != TypeChar && e.Type != TypeBlock && (e.Devmajor != 0 || e.Devminor != 0) {
-		return invalidf("device number on a %s", e.Type)
+		return Invalidf("device number on a %s", e.Type)
 	}
 	if e.Type != TypeRegular && e.Type != TypeHardlink && e.Size != 0 {
-		return invalidf("size %d on a %s", e.Size, e.Type)
+		return Invalidf("size %d on a %s", e.Size, e.Type)
 	}
 	if e.Type != TypeRegular && !e.Data.isZero() {
-		return invalidf("data on a %s", e.Type)
+		return Invalidf("data on a %s", e.Type)
 	}
 	switch e.Type {
 	case TypeRegular:
@@ -194,16 +196,16 @@ func (e *Entry) check(ix *Index, layer bool) error {
 	case TypeDir, TypeFifo, TypeSocket:
 	case TypeSymlink:
 		if e.Linkname == "" || len(e.Linkname) > MaxSymlinkLen || strings.IndexByte(e.Linkname, 0) >= 0 {
-			return invalidf("bad symlink target of %d bytes", len(e.Linkname))
+			return Invalidf("bad symlink target of %d bytes", len(e.Linkname))
 		}
 	case TypeHardlink:
-		if err := checkPath(e.Linkname); err != nil || e.Linkname == "." {
-			return invalidf("bad hard link target %q", trunc(e.Linkname))
+		if err := CheckPath(e.Linkname); err != nil || e.Linkname == "." {
+			return Invalidf("bad hard link target %q", Trunc(e.Linkname))
 		}
 	case TypeChar, TypeBlock:
-		return checkDev(uint64(e.Devmajor), uint64(e.Devminor))
+		return CheckDev(uint64(e.Devmajor), uint64(e.Devminor))
 	default:
-		return invalidf("unknown type %d", uint8(e.Type))
+		return Invalidf("unknown type %d", uint8(e.Type))
 	}
 	return nil
 }
@@ -217,28 +219,28 @@ func (d *Data) check(ix *Index, size int64) error {
 		if size == 0 && d.isZero() {
 			return nil
 		}
-		return invalidf("data source %d out of range (%d sources)", d.Source, len(ix.Sources))
+		return Invalidf("data source %d out of range (%d sources)", d.Source, len(ix.Sources))
 	}
 	switch ix.Sources[d.Source].Kind {
 	case SourceDir:
-		if err := checkPath(d.Path); err != nil || d.Path == "." {
-			return invalidf("bad data path %q", trunc(d.Path))
+		if err := CheckPath(d.Path); err != nil || d.Path == "." {
+			return Invalidf("bad data path %q", Trunc(d.Path))
 		}
 		if d.Offset != 0 {
-			return invalidf("offset on a directory source")
+			return Invalidf("offset on a directory source")
 		}
 	case SourceBlob:
 		if d.Path != "" {
-			return invalidf("path on a blob source")
+			return Invalidf("path on a blob source")
 		}
 		if d.Offset < 0 || d.Offset > maxInt64-size {
-			return invalidf("blob offset %d out of range", d.Offset)
+			return Invalidf("blob offset %d out of range", d.Offset)
 		}
 	}
 	var end int64
 	for _, r := range d.Segments {
 		if r.Off < end || r.Len <= 0 || r.Off > size || r.Len > size-r.Off {
-			return invalidf("data segment [%d,+%d) unsorted, empty or beyond size %d", r.Off, r.Len, size)
+			return Invalidf("data segment [%d,+%d) unsorted, empty or beyond size %d", r.Off, r.Len, size)
 		}
 		end = r.Off + r.Len
 	}
@@ -247,22 +249,24 @@ func (d *Data) check(ix *Index, size int64) error {
 
 const maxInt64 = 1<<63 - 1
 
-// blobHex returns the hex part of a "sha256:<64 lowercase hex>" digest.
-func blobHex(id string) (string, error) {
+// BlobHex returns the hex part of a "sha256:<64 lowercase hex>" digest, the
+// only form a SourceBlob ID may take.
+func BlobHex(id string) (string, error) {
 	h, ok := strings.CutPrefix(id, "sha256:")
 	if !ok || len(h) != 64 {
-		return "", invalidf("bad blob digest %q", trunc(id))
+		return "", Invalidf("bad blob digest %q", Trunc(id))
 	}
 	for i := 0; i < len(h); i++ {
 		c := h[i]
 		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return "", invalidf("bad blob digest %q", trunc(id))
+			return "", Invalidf("bad blob digest %q", Trunc(id))
 		}
 	}
 	return h, nil
 }
 
-func hasXattr(xs []Xattr, name string) bool {
+// HasXattr reports whether xs has an attribute called name.
+func HasXattr(xs []Xattr, name string) bool {
 	for _, x := range xs {
 		if x.Name == name {
 			return true
@@ -271,7 +275,8 @@ func hasXattr(xs []Xattr, name string) bool {
 	return false
 }
 
-func xattrValue(xs []Xattr, name string) ([]byte, bool) {
+// XattrValue returns the value of the attribute called name in xs, if any.
+func XattrValue(xs []Xattr, name string) ([]byte, bool) {
 	for _, x := range xs {
 		if x.Name == name {
 			return x.Value, true

@@ -18,6 +18,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/agent"
 	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
 )
 
@@ -90,7 +91,7 @@ func TestRunImagefsBlkTreeMatchesSource(t *testing.T) {
 			}
 		}
 	}
-	idx, err := index.FromDir(context.Background(), src, index.Options{})
+	idx, err := hostfs.FromDir(context.Background(), src, index.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 )
 
 // fixture runs a test/fixtures script (cached builds of real trees).
@@ -81,11 +82,11 @@ func checkImageOfTree(t *testing.T, src string) {
 func compareTrees(t *testing.T, src, mounted string) {
 	t.Helper()
 	ctx := context.Background()
-	a, err := index.FromDir(ctx, src, index.Options{})
+	a, err := hostfs.FromDir(ctx, src, index.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := index.FromDir(ctx, mounted, index.Options{})
+	b, err := hostfs.FromDir(ctx, mounted, index.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,6 +32,8 @@ import (
 	"github.com/kata-fsx/kata-fsx/bench"
 	"github.com/kata-fsx/kata-fsx/blk"
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
+	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
 )
@@ -146,7 +148,7 @@ func run(ctx context.Context, o options) (err error) {
 		return fmt.Errorf("bench layer: %w", err)
 	}
 	icache := filepath.Join(tmp, "cache")
-	idx, err := index.FromLayers(ctx, []string{debian, layer}, index.Options{CacheDir: icache})
+	idx, err := overlayfs.FromLayers(ctx, []string{debian, layer}, index.Options{CacheDir: icache})
 	if err != nil {
 		return err
 	}
@@ -181,7 +183,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	t0 := time.Now()
 	for _, p := range raws {
-		if err := exportRaw(ctx, disk.Image, index.HostOpener{CacheDir: icache}, p); err != nil {
+		if err := exportRaw(ctx, disk.Image, hostfs.Opener{CacheDir: icache}, p); err != nil {
 			return fmt.Errorf("export raw image: %w", err)
 		}
 	}

@@ -23,6 +23,8 @@ import (
 	"github.com/kata-fsx/kata-fsx/bench"
 	"github.com/kata-fsx/kata-fsx/blk/ext4"
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
+	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
 )
 
 type row struct {
@@ -70,7 +72,7 @@ func main() {
 	erofsTar := erofsHasTar()
 	for _, tr := range trees {
 		fmt.Fprintf(os.Stderr, "imagebench: %s (%s)\n", tr.name, tr.path)
-		idx, err := index.FromDir(ctx, tr.path, index.Options{})
+		idx, err := hostfs.FromDir(ctx, tr.path, index.Options{})
 		if err != nil {
 			fatal(err)
 		}
@@ -84,7 +86,7 @@ func main() {
 		for r := 0; r < *reps; r++ {
 			runtime.GC()
 			t0 := time.Now()
-			ix, err := index.FromDir(ctx, tr.path, index.Options{})
+			ix, err := hostfs.FromDir(ctx, tr.path, index.Options{})
 			if err != nil {
 				fatal(err)
 			}
@@ -115,14 +117,14 @@ func main() {
 		// A second pod on the same snapshot: the layer's index comes from
 		// the per-layer cache, so only the merge and the synthesis remain.
 		icache := filepath.Join(tmp, "index-cache")
-		if _, err := index.FromLayers(ctx, []string{tr.path}, index.Options{CacheDir: icache}); err != nil {
+		if _, err := overlayfs.FromLayers(ctx, []string{tr.path}, index.Options{CacheDir: icache}); err != nil {
 			fatal(err)
 		}
 		c := row{Tree: tr.name, Entries: len(idx.Entries), DataBytes: data, Tool: "kata-fsx, layer index cached (next pod)"}
 		for r := 0; r < *reps; r++ {
 			runtime.GC()
 			t0 := time.Now()
-			ix, err := index.FromLayers(ctx, []string{tr.path}, index.Options{CacheDir: icache})
+			ix, err := overlayfs.FromLayers(ctx, []string{tr.path}, index.Options{CacheDir: icache})
 			if err != nil {
 				fatal(err)
 			}

@@ -1,4 +1,4 @@
-package index
+package hostfs
 
 import (
 	"context"
@@ -12,52 +12,9 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kata-fsx/kata-fsx/blk/index"
 	"golang.org/x/sys/unix"
 )
-
-// Options tunes index building. The zero value is usable: no cache, default
-// limits.
-type Options struct {
-	// CacheDir holds per-layer indexes (CacheDir/index/) and decompressed
-	// layer blobs (CacheDir/blobs/sha256/<diffID hex>). FromLayers without
-	// it does not cache; FromOCI requires it.
-	CacheDir string
-	// LayerKeys, when set, has one caller-chosen cache key per FromLayers
-	// layer (e.g. a containerd snapshot ID); an empty key falls back to the
-	// layer directory's path, device, inode and ctime.
-	LayerKeys []string
-	// MaxEntries bounds the entries of any one layer and of the merged
-	// tree; zero means DefaultMaxEntries.
-	MaxEntries int
-	// MaxBlobSize bounds one uncompressed layer; zero means DefaultMaxBlobSize.
-	MaxBlobSize int64
-	// Stats, when non-nil, receives counters of the work done; it is not
-	// safe to share between concurrent calls.
-	Stats *Stats
-}
-
-// Stats counts the work an index build did, so callers and tests can see
-// whether caches were used.
-type Stats struct {
-	LayersIndexed int // layers walked on the host or read from a tar
-	LayersCached  int // layer indexes loaded from the cache
-	BlobsWritten  int // layer blobs decompressed or copied into the cache
-	Entries       int // entries of the result
-}
-
-func (o *Options) maxEntries() int {
-	if o.MaxEntries > 0 {
-		return o.MaxEntries
-	}
-	return DefaultMaxEntries
-}
-
-func (o *Options) stats() *Stats {
-	if o.Stats != nil {
-		return o.Stats
-	}
-	return &Stats{}
-}
 
 // FromDir indexes the host directory root. Symlinks are never followed: the
 // walk opens every directory relative to its parent with O_NOFOLLOW (and
@@ -71,13 +28,13 @@ func (o *Options) stats() *Stats {
 // are empty but non-nil for a file that is all hole. All xattrs are kept,
 // overlay ones included. A symlink's times are read after its target, since
 // readlink itself may update the atime under relatime.
-func FromDir(ctx context.Context, root string, opts Options) (*Index, error) {
+func FromDir(ctx context.Context, root string, opts index.Options) (*index.Index, error) {
 	ix, err := walkDir(ctx, root, &opts)
 	if err != nil {
 		return nil, err
 	}
-	opts.stats().LayersIndexed++
-	opts.stats().Entries = len(ix.Entries)
+	opts.Counters().LayersIndexed++
+	opts.Counters().Entries = len(ix.Entries)
 	return ix, nil
 }
 
@@ -113,14 +70,14 @@ func newScratch() *scratch {
 // dirOut is what walking one directory produced: its children in name
 // order and, for each child directory, the walk of that directory.
 type dirOut struct {
-	entries []Entry
+	entries []index.Entry
 	links   []devIno  // per entry; zero unless a non-directory with nlink > 1
 	kids    []*dirOut // per entry; nil unless a directory
 	done    chan struct{}
 	err     error
 }
 
-func walkDir(ctx context.Context, root string, opts *Options) (*Index, error) {
+func walkDir(ctx context.Context, root string, opts *index.Options) (*index.Index, error) {
 	abs, err := filepath.Abs(root)
 	if err != nil {
 		return nil, fmt.Errorf("index %s: %w", root, err)
@@ -130,7 +87,7 @@ func walkDir(ctx context.Context, root string, opts *Options) (*Index, error) {
 	w := &walker{
 		ctx:     ctx,
 		cancel:  cancel,
-		max:     int64(opts.maxEntries()),
+		max:     int64(opts.EntryLimit()),
 		sem:     make(chan struct{}, max(runtime.GOMAXPROCS(0)*2, 2)),
 		noatime: unix.O_NOATIME,
 	}
@@ -148,7 +105,7 @@ func walkDir(ctx context.Context, root string, opts *Options) (*Index, error) {
 		return nil, fmt.Errorf("index %s: %w", abs, err)
 	}
 	sc := newScratch()
-	rootEntry := Entry{Path: "."}
+	rootEntry := index.Entry{Path: "."}
 	if err := w.fill(sc, &rootEntry, fd, ".", &st); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("index %s: %w", abs, err)
@@ -157,13 +114,13 @@ func walkDir(ctx context.Context, root string, opts *Options) (*Index, error) {
 	out := &dirOut{}
 	w.dir(sc, fd, ".", out) // closes fd
 	w.wg.Wait()
-	entries := make([]Entry, 0, w.count.Load())
+	entries := make([]index.Entry, 0, w.count.Load())
 	entries = append(entries, rootEntry)
 	a := assembler{entries: entries, links: map[devIno]int{}}
 	if err := a.add(out); err != nil {
 		return nil, fmt.Errorf("index %s: %w", abs, err)
 	}
-	return &Index{Sources: []Source{{Kind: SourceDir, ID: abs}}, Entries: a.entries}, nil
+	return &index.Index{Sources: []index.Source{{Kind: index.SourceDir, ID: abs}}, Entries: a.entries}, nil
 }
 
 // openDir opens a directory without following a final symlink and, with
@@ -212,20 +169,20 @@ func (w *walker) dir(sc *scratch, fd int, rel string, out *dirOut) {
 		return
 	}
 	if n := w.count.Add(int64(len(names))); n > w.max {
-		out.err = invalidf("more than %d entries (in %q)", w.max, trunc(rel))
+		out.err = index.Invalidf("more than %d entries (in %q)", w.max, index.Trunc(rel))
 		w.cancel()
 		return
 	}
-	out.entries = make([]Entry, len(names))
+	out.entries = make([]index.Entry, len(names))
 	out.links = make([]devIno, len(names))
 	// Child directories are walked after this loop so that sc.names, which
 	// names aliases, is not reused while it is still being read.
 	var subdirs []int
 	var st unix.Stat_t
 	for i, name := range names {
-		p := joinPath(rel, name)
-		if len(p) > MaxPathLen || len(name) > MaxNameLen {
-			out.err = invalidf("path %q longer than %d bytes", trunc(p), MaxPathLen)
+		p := index.JoinPath(rel, name)
+		if len(p) > index.MaxPathLen || len(name) > index.MaxNameLen {
+			out.err = index.Invalidf("path %q longer than %d bytes", index.Trunc(p), index.MaxPathLen)
 			w.cancel()
 			return
 		}
@@ -242,9 +199,9 @@ func (w *walker) dir(sc *scratch, fd int, rel string, out *dirOut) {
 			return
 		}
 		switch {
-		case e.Type == TypeDir:
+		case e.Type == index.TypeDir:
 			subdirs = append(subdirs, i)
-		case isWhiteout(e):
+		case index.IsWhiteout(e):
 			// overlayfs may create whiteouts as links of one shared 0:0
 			// inode; each name must stay a whiteout, not a hard link.
 		case st.Nlink > 1:
@@ -257,7 +214,7 @@ func (w *walker) dir(sc *scratch, fd int, rel string, out *dirOut) {
 	out.kids = make([]*dirOut, len(names))
 	for _, i := range subdirs {
 		p := out.entries[i].Path
-		cfd, err := openDir(fd, baseName(p), w.noatime)
+		cfd, err := openDir(fd, index.BaseName(p), w.noatime)
 		if err != nil {
 			out.err = fmt.Errorf("%s: open: %w", p, err)
 			w.cancel()
@@ -284,7 +241,7 @@ func (w *walker) dir(sc *scratch, fd int, rel string, out *dirOut) {
 // assembler concatenates directory results in Index order and turns every
 // later name of a (device, inode) into a hard link to the first.
 type assembler struct {
-	entries []Entry
+	entries []index.Entry
 	links   map[devIno]int
 }
 
@@ -300,7 +257,7 @@ func (a *assembler) add(d *dirOut) error {
 		if k := d.links[i]; k != (devIno{}) {
 			if first, ok := a.links[k]; ok {
 				t := &a.entries[first]
-				e = Entry{Path: e.Path, Type: TypeHardlink, Linkname: t.Path, Mode: t.Mode, UID: t.UID, GID: t.GID,
+				e = index.Entry{Path: e.Path, Type: index.TypeHardlink, Linkname: t.Path, Mode: t.Mode, UID: t.UID, GID: t.GID,
 					Atime: t.Atime, Mtime: t.Mtime, Ctime: t.Ctime, Size: t.Size, Xattrs: t.Xattrs}
 			} else {
 				a.links[k] = len(a.entries)
@@ -325,47 +282,47 @@ func fstatat(fd int, name string, st *unix.Stat_t) error {
 	}
 }
 
-func timespec(t unix.Timespec) Timespec {
-	return Timespec{Sec: t.Sec, Nsec: uint32(t.Nsec)}
+func timespec(t unix.Timespec) index.Timespec {
+	return index.Timespec{Sec: t.Sec, Nsec: uint32(t.Nsec)}
 }
 
 // fill sets e's metadata from st and reads what stat does not carry: xattrs,
 // the symlink target, the data layout.
-func (w *walker) fill(sc *scratch, e *Entry, dirfd int, name string, st *unix.Stat_t) error {
+func (w *walker) fill(sc *scratch, e *index.Entry, dirfd int, name string, st *unix.Stat_t) error {
 	e.Mode = st.Mode & 07777
 	e.UID, e.GID = st.Uid, st.Gid
 	e.Atime, e.Mtime, e.Ctime = timespec(st.Atim), timespec(st.Mtim), timespec(st.Ctim)
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
-		e.Type = TypeDir
+		e.Type = index.TypeDir
 	case unix.S_IFREG:
-		e.Type = TypeRegular
+		e.Type = index.TypeRegular
 		e.Size = st.Size
 		e.Data.Path = e.Path
 	case unix.S_IFLNK:
-		e.Type = TypeSymlink
+		e.Type = index.TypeSymlink
 	case unix.S_IFCHR:
-		e.Type = TypeChar
+		e.Type = index.TypeChar
 	case unix.S_IFBLK:
-		e.Type = TypeBlock
+		e.Type = index.TypeBlock
 	case unix.S_IFIFO:
-		e.Type = TypeFifo
+		e.Type = index.TypeFifo
 	case unix.S_IFSOCK:
-		e.Type = TypeSocket
+		e.Type = index.TypeSocket
 	default:
-		return invalidf("unknown file type %#o", st.Mode&unix.S_IFMT)
+		return index.Invalidf("unknown file type %#o", st.Mode&unix.S_IFMT)
 	}
 	if err := sc.xattrs(e, dirfd, name); err != nil {
 		return err
 	}
 	switch e.Type {
-	case TypeSymlink:
+	case index.TypeSymlink:
 		t, err := readlinkat(dirfd, name, sc.xbuf)
 		if err != nil {
 			return err
 		}
-		if t == "" || len(t) > MaxSymlinkLen {
-			return invalidf("symlink target of %d bytes", len(t))
+		if t == "" || len(t) > index.MaxSymlinkLen {
+			return index.Invalidf("symlink target of %d bytes", len(t))
 		}
 		e.Linkname = t
 		// readlink may itself update the link's atime (relatime): take the
@@ -376,13 +333,13 @@ func (w *walker) fill(sc *scratch, e *Entry, dirfd int, name string, st *unix.St
 			return err
 		}
 		e.Atime, e.Mtime, e.Ctime = timespec(st2.Atim), timespec(st2.Mtim), timespec(st2.Ctim)
-	case TypeChar, TypeBlock:
+	case index.TypeChar, index.TypeBlock:
 		maj, mnr := uint64(unix.Major(st.Rdev)), uint64(unix.Minor(st.Rdev))
-		if err := checkDev(maj, mnr); err != nil {
+		if err := index.CheckDev(maj, mnr); err != nil {
 			return err
 		}
 		e.Devmajor, e.Devminor = uint32(maj), uint32(mnr)
-	case TypeRegular:
+	case index.TypeRegular:
 		if st.Blocks*512 < st.Size {
 			segs, err := segments(dirfd, name, st.Size, w.noatime)
 			if err != nil {
@@ -406,8 +363,8 @@ func readlinkat(dirfd int, name string, buf []byte) (string, error) {
 		if n < len(buf) {
 			return string(buf[:n]), nil
 		}
-		if len(buf) > 2*MaxPathLen {
-			return "", invalidf("symlink target too long")
+		if len(buf) > 2*index.MaxPathLen {
+			return "", index.Invalidf("symlink target too long")
 		}
 		buf = make([]byte, 2*len(buf))
 	}
@@ -415,13 +372,13 @@ func readlinkat(dirfd int, name string, buf []byte) (string, error) {
 
 // segments maps a possibly sparse file's data ranges with SEEK_DATA and
 // SEEK_HOLE; nil means the file turned out to be all data.
-func segments(dirfd int, name string, size int64, noatime int) ([]Range, error) {
+func segments(dirfd int, name string, size int64, noatime int) ([]index.Range, error) {
 	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK|noatime, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open for SEEK_DATA: %w", err)
 	}
 	defer unix.Close(fd)
-	var segs []Range
+	var segs []index.Range
 	for off := int64(0); off < size; {
 		d, err := unix.Seek(fd, off, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
@@ -441,14 +398,14 @@ func segments(dirfd int, name string, size int64, noatime int) ([]Range, error) 
 		if h <= d {
 			break
 		}
-		segs = append(segs, Range{Off: d, Len: h - d})
+		segs = append(segs, index.Range{Off: d, Len: h - d})
 		off = h
 	}
 	if len(segs) == 1 && segs[0].Off == 0 && segs[0].Len == size {
 		return nil, nil
 	}
 	if segs == nil {
-		segs = []Range{} // all hole: non-nil and empty
+		segs = []index.Range{} // all hole: non-nil and empty
 	}
 	return segs, nil
 }
@@ -456,7 +413,7 @@ func segments(dirfd int, name string, size int64, noatime int) ([]Range, error) 
 // xattrs reads all extended attributes of dirfd/name without following a
 // symlink, through the /proc/self/fd link of the directory so the lookup
 // stays relative to the already opened parent.
-func (sc *scratch) xattrs(e *Entry, dirfd int, name string) error {
+func (sc *scratch) xattrs(e *index.Entry, dirfd int, name string) error {
 	p := "/proc/self/fd/" + strconv.Itoa(dirfd) + "/" + name
 	var n int
 	var err error
@@ -485,7 +442,7 @@ func (sc *scratch) xattrs(e *Entry, dirfd int, name string) error {
 	}
 	list := strings.Split(strings.TrimSuffix(string(sc.xbuf[:n]), "\x00"), "\x00")
 	slices.Sort(list)
-	xs := make([]Xattr, 0, len(list))
+	xs := make([]index.Xattr, 0, len(list))
 	for _, k := range list {
 		if k == "" {
 			continue
@@ -497,10 +454,10 @@ func (sc *scratch) xattrs(e *Entry, dirfd int, name string) error {
 		if err != nil {
 			return fmt.Errorf("lgetxattr %s: %w", k, err)
 		}
-		if len(k) > MaxXattrNameLen || len(v) > MaxXattrSize {
-			return invalidf("xattr %q too large", k)
+		if len(k) > index.MaxXattrNameLen || len(v) > index.MaxXattrSize {
+			return index.Invalidf("xattr %q too large", k)
 		}
-		xs = append(xs, Xattr{Name: k, Value: v})
+		xs = append(xs, index.Xattr{Name: k, Value: v})
 	}
 	if len(xs) > 0 {
 		e.Xattrs = xs

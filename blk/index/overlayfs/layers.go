@@ -1,10 +1,12 @@
-package index
+package overlayfs
 
 import (
 	"context"
 	"fmt"
 	"path/filepath"
 
+	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,16 +23,16 @@ import (
 // inode and ctime; snapshot layers are immutable, so a hit skips the walk.
 // Not interpreted: redirect_dir, metacopy and xattr-based whiteouts, which
 // containerd does not create in snapshot layers.
-func FromLayers(ctx context.Context, layers []string, opts Options) (*Index, error) {
+func FromLayers(ctx context.Context, layers []string, opts index.Options) (*index.Index, error) {
 	if len(layers) == 0 {
-		return nil, invalidf("no layers")
+		return nil, index.Invalidf("no layers")
 	}
 	if opts.LayerKeys != nil && len(opts.LayerKeys) != len(layers) {
-		return nil, fmt.Errorf("%d layer keys for %d layers: %w", len(opts.LayerKeys), len(layers), ErrInvalid)
+		return nil, fmt.Errorf("%d layer keys for %d layers: %w", len(opts.LayerKeys), len(layers), index.ErrInvalid)
 	}
-	st := opts.stats()
-	cache := indexCache{dir: opts.CacheDir}
-	idx := make([]*Index, len(layers))
+	st := opts.Counters()
+	cache := Cache{Dir: opts.CacheDir}
+	idx := make([]*index.Index, len(layers))
 	names := make([]string, len(layers))
 	for i, l := range layers {
 		abs, err := filepath.Abs(l)
@@ -42,22 +44,23 @@ func FromLayers(ctx context.Context, layers []string, opts Options) (*Index, err
 		if err != nil {
 			return nil, fmt.Errorf("layer %s: %w", abs, err)
 		}
-		if ix := cache.load(key, Source{Kind: SourceDir, ID: abs}); ix != nil {
+		if ix := cache.Load(key, index.Source{Kind: index.SourceDir, ID: abs}); ix != nil {
 			idx[i] = ix
 			st.LayersCached++
 			continue
 		}
-		ix, err := walkDir(ctx, abs, &opts)
+		// Not opts itself: this loop counts the layer in opts.Stats.
+		ix, err := hostfs.FromDir(ctx, abs, index.Options{MaxEntries: opts.MaxEntries})
 		if err != nil {
 			return nil, fmt.Errorf("layer %d: %w", i, err)
 		}
 		st.LayersIndexed++
-		if err := cache.store(key, ix); err != nil {
+		if err := cache.Store(key, ix); err != nil {
 			return nil, fmt.Errorf("layer %s: %w", abs, err)
 		}
 		idx[i] = ix
 	}
-	ix, err := merge(ctx, idx, names, opts.maxEntries())
+	ix, err := Merge(ctx, idx, names, opts.EntryLimit())
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package index
+package overlayfs
 
 import (
 	"context"
@@ -6,41 +6,30 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/kata-fsx/kata-fsx/blk/index"
 )
 
-// A per-layer index describes one layer as overlayfs sees it: whiteouts are
-// character devices 0:0, opaque directories carry xattrOpaque="y", and tar
-// layers add the xattrImplicit and xattrLowerLink markers. merge folds such
-// layers, lowest first, into one tree with overlayfs semantics.
+// impliedDir is shared by every implied directory of a merge; emit copies it.
+var impliedDir = index.ImpliedDir()
 
 // mnode is one name of the tree being merged.
 type mnode struct {
-	e     *Entry // metadata (for a hard link: its target's)
-	src   uint32 // layer of e, which is also e's Source in the result
-	key   uint64 // identity shared by hard links; 0 for directories
+	e     *index.Entry // metadata (for a hard link: its target's)
+	src   uint32       // layer of e, which is also e's Source in the result
+	key   uint64       // identity shared by hard links; 0 for directories
 	kids  map[string]*mnode
 	isDir bool
 }
 
-// defaultDir is the metadata of a directory that only a tar layer implies.
-var defaultDir = Entry{Type: TypeDir, Mode: 0o755}
-
-func isWhiteout(e *Entry) bool {
-	return e.Type == TypeChar && e.Devmajor == 0 && e.Devminor == 0
-}
-
-func isOpaque(e *Entry) bool {
-	v, ok := xattrValue(e.Xattrs, xattrOpaque)
-	return ok && string(v) == "y"
-}
-
-// merge applies layers (each with exactly one Source) from lowest to
-// highest and returns the merged index. names are used in errors.
-func merge(ctx context.Context, layers []*Index, names []string, max int) (*Index, error) {
+// Merge applies per-layer indexes (each with exactly one Source) from
+// lowest to highest and returns the merged index, with at most max
+// entries; names label the layers in errors.
+func Merge(ctx context.Context, layers []*index.Index, names []string, max int) (*index.Index, error) {
 	if len(layers) == 0 {
-		return nil, invalidf("no layers")
+		return nil, index.Invalidf("no layers")
 	}
-	root := &mnode{e: &defaultDir, isDir: true}
+	root := &mnode{e: &impliedDir, isDir: true}
 	linked := map[uint64]bool{}
 	type frame struct {
 		path string
@@ -49,17 +38,17 @@ func merge(ctx context.Context, layers []*Index, names []string, max int) (*Inde
 	stack := make([]frame, 0, 64)
 	for li, l := range layers {
 		if len(l.Sources) != 1 {
-			return nil, fmt.Errorf("layer %s: %w", names[li], invalidf("%d sources, want 1", len(l.Sources)))
+			return nil, fmt.Errorf("layer %s: %w", names[li], index.Invalidf("%d sources, want 1", len(l.Sources)))
 		}
 		// Hard links into lower layers resolve against the tree before this
 		// layer changes it.
 		lower := map[string]*mnode{}
 		for i := range l.Entries {
 			e := &l.Entries[i]
-			if e.Type == TypeHardlink && hasXattr(e.Xattrs, xattrLowerLink) {
+			if e.Type == index.TypeHardlink && index.HasXattr(e.Xattrs, index.XattrLowerLink) {
 				t := lookupNode(root, e.Linkname)
 				if t == nil || t.isDir {
-					return nil, fmt.Errorf("layer %s: entry %q: %w", names[li], trunc(e.Path), invalidf("hard link target %q missing in lower layers or a directory", trunc(e.Linkname)))
+					return nil, fmt.Errorf("layer %s: entry %q: %w", names[li], index.Trunc(e.Path), index.Invalidf("hard link target %q missing in lower layers or a directory", index.Trunc(e.Linkname)))
 				}
 				lower[e.Path] = t
 			}
@@ -74,26 +63,26 @@ func merge(ctx context.Context, layers []*Index, names []string, max int) (*Inde
 			e := &l.Entries[i]
 			if i == 0 {
 				// The layer's root directory.
-				if !hasXattr(e.Xattrs, xattrImplicit) {
+				if !index.HasXattr(e.Xattrs, index.XattrImplicit) {
 					root.e, root.src = e, uint32(li)
 				}
-				if isOpaque(e) {
+				if index.IsOpaque(e) {
 					root.kids = nil
 				}
 				stack = append(stack, frame{".", root})
 				continue
 			}
-			pp := parentPath(e.Path)
+			pp := index.ParentPath(e.Path)
 			for len(stack) > 0 && stack[len(stack)-1].path != pp {
 				stack = stack[:len(stack)-1]
 			}
 			if len(stack) == 0 {
-				return nil, fmt.Errorf("layer %s: entry %q: %w", names[li], trunc(e.Path), invalidf("parent is not a directory of the layer"))
+				return nil, fmt.Errorf("layer %s: entry %q: %w", names[li], index.Trunc(e.Path), index.Invalidf("parent is not a directory of the layer"))
 			}
 			parent := stack[len(stack)-1].n
-			name := baseName(e.Path)
+			name := index.BaseName(e.Path)
 			old := parent.kids[name]
-			if isWhiteout(e) {
+			if index.IsWhiteout(e) {
 				delete(parent.kids, name)
 				continue
 			}
@@ -102,32 +91,32 @@ func merge(ctx context.Context, layers []*Index, names []string, max int) (*Inde
 			}
 			var n *mnode
 			switch {
-			case e.Type == TypeDir:
-				implicit := hasXattr(e.Xattrs, xattrImplicit)
+			case e.Type == index.TypeDir:
+				implicit := index.HasXattr(e.Xattrs, index.XattrImplicit)
 				switch {
 				case old != nil && old.isDir:
 					n = old
 					if !implicit {
 						n.e, n.src = e, uint32(li)
 					}
-					if isOpaque(e) {
+					if index.IsOpaque(e) {
 						n.kids = nil
 					}
 				case old != nil && implicit:
-					return nil, fmt.Errorf("layer %s: entry %q: %w", names[li], trunc(e.Path), invalidf("parent of a layer entry is a %s in a lower layer, not a directory", old.e.Type))
+					return nil, fmt.Errorf("layer %s: entry %q: %w", names[li], index.Trunc(e.Path), index.Invalidf("parent of a layer entry is a %s in a lower layer, not a directory", old.e.Type))
 				case implicit:
-					n = &mnode{e: &defaultDir, isDir: true}
+					n = &mnode{e: &impliedDir, isDir: true}
 				default:
 					n = &mnode{e: e, src: uint32(li), isDir: true}
 				}
 				stack = append(stack, frame{e.Path, n})
-			case e.Type == TypeHardlink:
+			case e.Type == index.TypeHardlink:
 				t := lower[e.Path]
 				if t == nil {
 					t = lookupNode(root, e.Linkname)
 				}
 				if t == nil || t.isDir {
-					return nil, fmt.Errorf("layer %s: entry %q: %w", names[li], trunc(e.Path), invalidf("hard link target %q missing or a directory", trunc(e.Linkname)))
+					return nil, fmt.Errorf("layer %s: entry %q: %w", names[li], index.Trunc(e.Path), index.Invalidf("hard link target %q missing or a directory", index.Trunc(e.Linkname)))
 				}
 				n = &mnode{e: t.e, src: t.src, key: t.key}
 				linked[t.key] = true
@@ -141,7 +130,7 @@ func merge(ctx context.Context, layers []*Index, names []string, max int) (*Inde
 	for _, l := range layers {
 		total += len(l.Entries)
 	}
-	ix := &Index{Sources: make([]Source, len(layers)), Entries: make([]Entry, 0, min(total, max))}
+	ix := &index.Index{Sources: make([]index.Source, len(layers)), Entries: make([]index.Entry, 0, min(total, max))}
 	for i, l := range layers {
 		ix.Sources[i] = l.Sources[0]
 	}
@@ -169,7 +158,7 @@ func lookupNode(root *mnode, p string) *mnode {
 }
 
 type emitter struct {
-	ix      *Index
+	ix      *index.Index
 	linked  map[uint64]bool
 	leaders map[uint64]int // hard link group -> entry that carries it
 	max     int
@@ -178,18 +167,18 @@ type emitter struct {
 // emit appends n and its subtree in Index order.
 func (o *emitter) emit(p string, n *mnode) error {
 	if len(o.ix.Entries) >= o.max {
-		return invalidf("merged tree has more than %d entries (at %q)", o.max, trunc(p))
+		return index.Invalidf("merged tree has more than %d entries (at %q)", o.max, index.Trunc(p))
 	}
 	e := *n.e
 	e.Path = p
 	e.Xattrs = stripOverlay(e.Xattrs)
-	if e.Type == TypeRegular {
+	if e.Type == index.TypeRegular {
 		e.Data.Source = n.src
 	}
 	if n.key != 0 && o.linked[n.key] {
 		if li, ok := o.leaders[n.key]; ok {
 			t := &o.ix.Entries[li]
-			e = Entry{Path: p, Type: TypeHardlink, Linkname: t.Path, Mode: t.Mode, UID: t.UID, GID: t.GID,
+			e = index.Entry{Path: p, Type: index.TypeHardlink, Linkname: t.Path, Mode: t.Mode, UID: t.UID, GID: t.GID,
 				Atime: t.Atime, Mtime: t.Mtime, Ctime: t.Ctime, Size: t.Size, Xattrs: t.Xattrs}
 		} else {
 			o.leaders[n.key] = len(o.ix.Entries)
@@ -200,7 +189,7 @@ func (o *emitter) emit(p string, n *mnode) error {
 		return nil
 	}
 	for _, k := range slices.Sorted(maps.Keys(n.kids)) {
-		if err := o.emit(joinPath(p, k), n.kids[k]); err != nil {
+		if err := o.emit(index.JoinPath(p, k), n.kids[k]); err != nil {
 			return err
 		}
 	}
@@ -208,10 +197,10 @@ func (o *emitter) emit(p string, n *mnode) error {
 }
 
 // stripOverlay drops overlay xattrs, copying only when there are some.
-func stripOverlay(xs []Xattr) []Xattr {
+func stripOverlay(xs []index.Xattr) []index.Xattr {
 	k := 0
 	for _, x := range xs {
-		if strings.HasPrefix(x.Name, overlayXattrPrefix) {
+		if strings.HasPrefix(x.Name, index.XattrOverlayPrefix) {
 			k++
 		}
 	}
@@ -221,9 +210,9 @@ func stripOverlay(xs []Xattr) []Xattr {
 	if k == len(xs) {
 		return nil
 	}
-	out := make([]Xattr, 0, len(xs)-k)
+	out := make([]index.Xattr, 0, len(xs)-k)
 	for _, x := range xs {
-		if !strings.HasPrefix(x.Name, overlayXattrPrefix) {
+		if !strings.HasPrefix(x.Name, index.XattrOverlayPrefix) {
 			out = append(out, x)
 		}
 	}

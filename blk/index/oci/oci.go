@@ -1,4 +1,4 @@
-package index
+package oci
 
 import (
 	"archive/tar"
@@ -8,26 +8,24 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash"
 	"io"
 	"os"
 	"path/filepath"
 	"runtime"
-
 	"strings"
 
+	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
+	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
+	"github.com/kata-fsx/kata-fsx/blk/index/tarlayer"
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 )
 
 const (
-	// DefaultMaxBlobSize bounds one uncompressed layer unless Options says
-	// otherwise; it stops decompression bombs from filling the cache disk.
-	DefaultMaxBlobSize = 64 << 30
-
 	maxJSONSize       = 8 << 20 // index.json, manifests, configs
 	maxArchiveMembers = 1 << 20
 	maxZstdWindow     = 1 << 27
@@ -49,16 +47,6 @@ var layerMediaTypes = map[string]bool{
 	"application/vnd.docker.image.rootfs.diff.tar":                 true,
 }
 
-// BlobPath returns where the uncompressed layer with the given diffID
-// ("sha256:<hex>") lives in a cache directory.
-func BlobPath(cacheDir, digest string) (string, error) {
-	h, err := blobHex(digest)
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(cacheDir, "blobs", "sha256", h), nil
-}
-
 // FromOCI indexes an image read directly: an OCI image layout directory, or
 // a tar archive holding an OCI layout or a `docker save` image (told apart
 // by their oci-layout and manifest.json files). tag selects the image by its
@@ -68,11 +56,11 @@ func BlobPath(cacheDir, digest string) (string, error) {
 // Every layer, compressed (gzip, zstd) or not, is written once, verified
 // against its diffID, to opts.CacheDir/blobs/sha256/<diffID hex>, and its
 // regular files become SourceBlob "sha256:<diffID>" data at their offset in
-// that uncompressed tar; HostOpener serves them from there. Per-layer
+// that uncompressed tar; hostfs.Opener serves them from there. Per-layer
 // indexes are cached by diffID.
-func FromOCI(ctx context.Context, path, tag string, opts Options) (*Index, error) {
+func FromOCI(ctx context.Context, path, tag string, opts index.Options) (*index.Index, error) {
 	if opts.CacheDir == "" {
-		return nil, fmt.Errorf("image %s: %w", path, invalidf("Options.CacheDir is required for OCI images"))
+		return nil, fmt.Errorf("image %s: %w", path, index.Invalidf("Options.CacheDir is required for OCI images"))
 	}
 	src, err := openImage(path)
 	if err != nil {
@@ -83,42 +71,42 @@ func FromOCI(ctx context.Context, path, tag string, opts Options) (*Index, error
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", path, err)
 	}
-	st := opts.stats()
-	cache := indexCache{dir: opts.CacheDir}
-	idx := make([]*Index, len(layers))
+	st := opts.Counters()
+	cache := overlayfs.Cache{Dir: opts.CacheDir}
+	idx := make([]*index.Index, len(layers))
 	names := make([]string, len(layers))
 	for i, l := range layers {
 		names[i] = fmt.Sprintf("%d (%s)", i, l.diffID)
-		s := Source{Kind: SourceBlob, ID: l.diffID}
+		s := index.Source{Kind: index.SourceBlob, ID: l.diffID}
 		key := "blob\x00" + l.diffID
-		blob, err := BlobPath(opts.CacheDir, l.diffID)
+		blob, err := index.BlobPath(opts.CacheDir, l.diffID)
 		if err != nil {
 			return nil, fmt.Errorf("image %s: layer %s: %w", path, names[i], err)
 		}
 		haveBlob := isRegular(blob)
 		if haveBlob {
-			if ix := cache.load(key, s); ix != nil {
+			if ix := cache.Load(key, s); ix != nil {
 				idx[i] = ix
 				st.LayersCached++
 				continue
 			}
 		} else {
-			if err := materialize(ctx, src, l, blob, opts.maxBlobSize()); err != nil {
+			if err := materialize(ctx, src, l, blob, opts.BlobSizeLimit()); err != nil {
 				return nil, fmt.Errorf("image %s: layer %s: %w", path, names[i], err)
 			}
 			st.BlobsWritten++
 		}
-		ix, err := indexBlob(ctx, blob, s, opts.maxEntries(), names[i])
+		ix, err := tarlayer.ReadFile(ctx, blob, s, opts.EntryLimit(), names[i])
 		if err != nil {
 			return nil, fmt.Errorf("image %s: %w", path, err)
 		}
 		st.LayersIndexed++
-		if err := cache.store(key, ix); err != nil {
+		if err := cache.Store(key, ix); err != nil {
 			return nil, fmt.Errorf("image %s: layer %s: %w", path, names[i], err)
 		}
 		idx[i] = ix
 	}
-	ix, err := merge(ctx, idx, names, opts.maxEntries())
+	ix, err := overlayfs.Merge(ctx, idx, names, opts.EntryLimit())
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", path, err)
 	}
@@ -126,25 +114,9 @@ func FromOCI(ctx context.Context, path, tag string, opts Options) (*Index, error
 	return ix, nil
 }
 
-func (o *Options) maxBlobSize() int64 {
-	if o.MaxBlobSize > 0 {
-		return o.MaxBlobSize
-	}
-	return DefaultMaxBlobSize
-}
-
 func isRegular(p string) bool {
 	fi, err := os.Lstat(p)
 	return err == nil && fi.Mode().IsRegular()
-}
-
-func indexBlob(ctx context.Context, blob string, s Source, max int, name string) (*Index, error) {
-	f, err := os.Open(blob)
-	if err != nil {
-		return nil, fmt.Errorf("layer %s: %w", name, err)
-	}
-	defer f.Close()
-	return readTarLayer(ctx, newBufferedSeeker(f), s, max, name)
 }
 
 // imageFiles reads the files of an image layout or archive by name.
@@ -183,7 +155,7 @@ func openImage(path string) (imageFiles, error) {
 type dirFiles struct{ fd int }
 
 func (d *dirFiles) open(name string) (io.ReadCloser, error) {
-	f, err := openBeneath(d.fd, name)
+	f, err := hostfs.OpenBeneath(d.fd, name)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", name, err)
 	}
@@ -191,7 +163,7 @@ func (d *dirFiles) open(name string) (io.ReadCloser, error) {
 }
 
 func (d *dirFiles) has(name string) bool {
-	f, err := openBeneath(d.fd, name)
+	f, err := hostfs.OpenBeneath(d.fd, name)
 	if err != nil {
 		return false
 	}
@@ -221,11 +193,11 @@ func (a *archiveFiles) scan() error {
 			return fmt.Errorf("read archive: %w", err)
 		}
 		if n >= maxArchiveMembers {
-			return invalidf("archive has more than %d members", maxArchiveMembers)
+			return index.Invalidf("archive has more than %d members", maxArchiveMembers)
 		}
-		p, err := tarPath(hdr.Name)
+		p, err := tarlayer.MemberPath(hdr.Name)
 		if err != nil {
-			return fmt.Errorf("archive member %q: %w", trunc(hdr.Name), err)
+			return fmt.Errorf("archive member %q: %w", index.Trunc(hdr.Name), err)
 		}
 		switch hdr.Typeflag {
 		case tar.TypeReg:
@@ -251,15 +223,15 @@ func (a *archiveFiles) resolve(name string) (member, error) {
 			return member{}, fmt.Errorf("%s: %w", name, os.ErrNotExist)
 		}
 		if strings.HasPrefix(t, "/") {
-			return member{}, invalidf("archive symlink %q is absolute", p)
+			return member{}, index.Invalidf("archive symlink %q is absolute", p)
 		}
 		j := filepath.ToSlash(filepath.Clean(filepath.Join(filepath.Dir(p), t)))
 		if j == ".." || strings.HasPrefix(j, "../") {
-			return member{}, invalidf("archive symlink %q leaves the archive", p)
+			return member{}, index.Invalidf("archive symlink %q leaves the archive", p)
 		}
 		p = j
 	}
-	return member{}, invalidf("archive symlink %q: too many levels", name)
+	return member{}, index.Invalidf("archive symlink %q: too many levels", name)
 }
 
 func (a *archiveFiles) open(name string) (io.ReadCloser, error) {
@@ -338,22 +310,22 @@ func readJSON(files imageFiles, name, digest string, v any) error {
 		return fmt.Errorf("read %s: %w", name, err)
 	}
 	if len(b) > maxJSONSize {
-		return invalidf("%s larger than %d bytes", name, maxJSONSize)
+		return index.Invalidf("%s larger than %d bytes", name, maxJSONSize)
 	}
 	if digest != "" {
 		sum := sha256.Sum256(b)
 		if "sha256:"+hex.EncodeToString(sum[:]) != digest {
-			return invalidf("%s does not match its digest %s", name, digest)
+			return index.Invalidf("%s does not match its digest %s", name, digest)
 		}
 	}
 	if err := json.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("parse %s: %w: %w", name, ErrInvalid, err)
+		return fmt.Errorf("parse %s: %w: %w", name, index.ErrInvalid, err)
 	}
 	return nil
 }
 
 func blobName(digest string) (string, error) {
-	h, err := blobHex(digest)
+	h, err := index.BlobHex(digest)
 	if err != nil {
 		return "", err
 	}
@@ -381,7 +353,7 @@ func imageLayers(files imageFiles, tag string) ([]layerRef, error) {
 	case docker:
 		return dockerLayers(files, tag)
 	}
-	return nil, invalidf("neither an OCI layout (oci-layout, index.json) nor a docker-save archive (manifest.json)")
+	return nil, index.Invalidf("neither an OCI layout (oci-layout, index.json) nor a docker-save archive (manifest.json)")
 }
 
 func ociLayers(files imageFiles, tag string) ([]layerRef, error) {
@@ -399,13 +371,13 @@ func ociLayers(files imageFiles, tag string) ([]layerRef, error) {
 		}
 	}
 	if len(pick) != 1 {
-		return nil, invalidf("tag %q matches %d of the images in index.json (refs: %s)", tag, len(pick), strings.Join(refs, ", "))
+		return nil, index.Invalidf("tag %q matches %d of the images in index.json (refs: %s)", tag, len(pick), strings.Join(refs, ", "))
 	}
 	d := pick[0]
 	// Nested indexes (multi-platform images): pick this host's platform.
 	for depth := 0; d.MediaType == mtOCIIndex || d.MediaType == mtDockerList; depth++ {
 		if depth > 4 {
-			return nil, invalidf("image indexes nested too deeply")
+			return nil, index.Invalidf("image indexes nested too deeply")
 		}
 		name, err := blobName(d.Digest)
 		if err != nil {
@@ -423,7 +395,7 @@ func ociLayers(files imageFiles, tag string) ([]layerRef, error) {
 			}
 		}
 		if found == nil {
-			return nil, invalidf("image index %s has no linux/%s manifest", d.Digest, runtime.GOARCH)
+			return nil, index.Invalidf("image index %s has no linux/%s manifest", d.Digest, runtime.GOARCH)
 		}
 		d = *found
 	}
@@ -444,7 +416,7 @@ func ociLayers(files imageFiles, tag string) ([]layerRef, error) {
 		return nil, err
 	}
 	if len(cfg.RootFS.DiffIDs) != len(man.Layers) {
-		return nil, invalidf("manifest has %d layers but config %d diff_ids", len(man.Layers), len(cfg.RootFS.DiffIDs))
+		return nil, index.Invalidf("manifest has %d layers but config %d diff_ids", len(man.Layers), len(cfg.RootFS.DiffIDs))
 	}
 	out := make([]layerRef, len(man.Layers))
 	for i, l := range man.Layers {
@@ -478,25 +450,25 @@ func dockerLayers(files imageFiles, tag string) ([]layerRef, error) {
 		}
 	}
 	if len(pick) != 1 {
-		return nil, invalidf("tag %q matches %d of the images in manifest.json (tags: %s)", tag, len(pick), strings.Join(tags, ", "))
+		return nil, index.Invalidf("tag %q matches %d of the images in manifest.json (tags: %s)", tag, len(pick), strings.Join(tags, ", "))
 	}
 	m := pick[0]
-	cn, err := tarPath(m.Config)
+	cn, err := tarlayer.MemberPath(m.Config)
 	if err != nil {
-		return nil, fmt.Errorf("config %q: %w", trunc(m.Config), err)
+		return nil, fmt.Errorf("config %q: %w", index.Trunc(m.Config), err)
 	}
 	var cfg imageConfig
 	if err := readJSON(files, cn, "", &cfg); err != nil {
 		return nil, err
 	}
 	if len(cfg.RootFS.DiffIDs) != len(m.Layers) {
-		return nil, invalidf("manifest has %d layers but config %d diff_ids", len(m.Layers), len(cfg.RootFS.DiffIDs))
+		return nil, index.Invalidf("manifest has %d layers but config %d diff_ids", len(m.Layers), len(cfg.RootFS.DiffIDs))
 	}
 	out := make([]layerRef, len(m.Layers))
 	for i, l := range m.Layers {
-		ln, err := tarPath(l)
+		ln, err := tarlayer.MemberPath(l)
 		if err != nil {
-			return nil, fmt.Errorf("layer %d %q: %w", i, trunc(l), err)
+			return nil, fmt.Errorf("layer %d %q: %w", i, index.Trunc(l), err)
 		}
 		out[i] = layerRef{file: ln, diffID: cfg.RootFS.DiffIDs[i]}
 		// Newer docker saves layers as OCI blobs named by digest.
@@ -525,9 +497,9 @@ func (c ctxReader) Read(p []byte) (int, error) {
 // renamed, so dst only ever holds complete, verified content.
 func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, maxSize int64) error {
 	if !layerMediaTypes[l.mediaType] {
-		return invalidf("unsupported layer media type %q", l.mediaType)
+		return index.Invalidf("unsupported layer media type %q", l.mediaType)
 	}
-	if _, err := blobHex(l.diffID); err != nil {
+	if _, err := index.BlobHex(l.diffID); err != nil {
 		return fmt.Errorf("diffID: %w", err)
 	}
 	rc, err := files.open(l.file)
@@ -543,7 +515,7 @@ func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, 
 	case bytes.HasPrefix(magic, []byte{0x1f, 0x8b}):
 		gz, err := gzip.NewReader(br)
 		if err != nil {
-			return fmt.Errorf("gzip: %w: %w", ErrInvalid, err)
+			return fmt.Errorf("gzip: %w: %w", index.ErrInvalid, err)
 		}
 		defer gz.Close()
 		dec = gz
@@ -572,7 +544,7 @@ func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, 
 		return fmt.Errorf("decompress: %w", err)
 	}
 	if n > maxSize {
-		return invalidf("uncompressed layer larger than %d bytes", maxSize)
+		return index.Invalidf("uncompressed layer larger than %d bytes", maxSize)
 	}
 	// Hash what the decompressor left unread (trailing padding) too.
 	if _, err := io.Copy(io.Discard, br); err != nil {
@@ -580,11 +552,11 @@ func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, 
 	}
 	if l.digest != "" {
 		if got := "sha256:" + hex.EncodeToString(zh.Sum(nil)); got != l.digest {
-			return invalidf("layer blob digest %s does not match %s", got, l.digest)
+			return index.Invalidf("layer blob digest %s does not match %s", got, l.digest)
 		}
 	}
 	if got := "sha256:" + hex.EncodeToString(uh.Sum(nil)); got != l.diffID {
-		return invalidf("uncompressed layer digest %s does not match diffID %s", got, l.diffID)
+		return index.Invalidf("uncompressed layer digest %s does not match diffID %s", got, l.diffID)
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("blob cache: %w", err)
@@ -593,59 +565,4 @@ func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, 
 		return fmt.Errorf("blob cache: %w", err)
 	}
 	return nil
-}
-
-// bufferedSeeker is a read buffer that still answers Seek, so archive/tar
-// can report data offsets and skip file data without a syscall per header.
-type bufferedSeeker struct {
-	f    io.ReadSeeker
-	buf  []byte
-	r, w int
-	pos  int64 // file offset of buf[w]
-}
-
-func newBufferedSeeker(f io.ReadSeeker) *bufferedSeeker {
-	return &bufferedSeeker{f: f, buf: make([]byte, 256<<10)}
-}
-
-func (b *bufferedSeeker) Read(p []byte) (int, error) {
-	if b.r == b.w {
-		if len(p) >= len(b.buf) {
-			n, err := b.f.Read(p)
-			b.pos += int64(n)
-			return n, err
-		}
-		n, err := b.f.Read(b.buf)
-		b.r, b.w = 0, n
-		b.pos += int64(n)
-		if n == 0 {
-			return 0, err
-		}
-	}
-	n := copy(p, b.buf[b.r:b.w])
-	b.r += n
-	return n, nil
-}
-
-func (b *bufferedSeeker) Seek(off int64, whence int) (int64, error) {
-	cur := b.pos - int64(b.w-b.r)
-	if whence == io.SeekCurrent {
-		if off >= 0 && off <= int64(b.w-b.r) {
-			b.r += int(off)
-			return cur + off, nil
-		}
-		off, whence = cur+off, io.SeekStart
-	}
-	if whence != io.SeekStart {
-		return 0, errors.New("bufferedSeeker: unsupported whence")
-	}
-	if off < 0 {
-		return 0, errors.New("bufferedSeeker: negative offset")
-	}
-	p, err := b.f.Seek(off, io.SeekStart)
-	if err != nil {
-		return 0, err
-	}
-	b.pos, b.r, b.w = p, 0, 0
-	return p, nil
 }

@@ -1,12 +1,10 @@
-package index
+package oci
 
 import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io/fs"
@@ -18,6 +16,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
+	"github.com/kata-fsx/kata-fsx/blk/index/indextest"
+	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 )
@@ -31,7 +33,7 @@ func dirToTar(t testing.TB, dir string) []byte {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	seen := map[[2]uint64]string{}
-	must(t, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	indextest.Must(t, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -41,7 +43,7 @@ func dirToTar(t testing.TB, dir string) []byte {
 			name = "./"
 		}
 		var st unix.Stat_t
-		must(t, unix.Lstat(p, &st))
+		indextest.Must(t, unix.Lstat(p, &st))
 		hdr := &tar.Header{
 			Name: name, Mode: int64(st.Mode & 07777), Uid: int(st.Uid), Gid: int(st.Gid),
 			ModTime:    time.Unix(st.Mtim.Sec, st.Mtim.Nsec),
@@ -49,7 +51,7 @@ func dirToTar(t testing.TB, dir string) []byte {
 			ChangeTime: time.Unix(st.Ctim.Sec, st.Ctim.Nsec),
 			Format:     tar.FormatPAX,
 		}
-		for _, x := range lxattrs(t, p) {
+		for _, x := range indextest.Lxattrs(t, p) {
 			if strings.HasPrefix(x.Name, "trusted.overlay.") {
 				continue
 			}
@@ -64,7 +66,7 @@ func dirToTar(t testing.TB, dir string) []byte {
 			return nil
 		case unix.S_IFCHR, unix.S_IFBLK:
 			if st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0 {
-				must(t, tw.WriteHeader(&tar.Header{Name: filepath.Join(filepath.Dir(rel), ".wh."+filepath.Base(rel)), Typeflag: tar.TypeReg, ModTime: hdr.ModTime}))
+				indextest.Must(t, tw.WriteHeader(&tar.Header{Name: filepath.Join(filepath.Dir(rel), ".wh."+filepath.Base(rel)), Typeflag: tar.TypeReg, ModTime: hdr.ModTime}))
 				return nil
 			}
 			hdr.Typeflag = tar.TypeChar
@@ -77,7 +79,7 @@ func dirToTar(t testing.TB, dir string) []byte {
 		case unix.S_IFLNK:
 			hdr.Typeflag = tar.TypeSymlink
 			hdr.Linkname, err = os.Readlink(p)
-			must(t, err)
+			indextest.Must(t, err)
 		case unix.S_IFDIR:
 			hdr.Typeflag = tar.TypeDir
 			if rel != "." {
@@ -92,38 +94,33 @@ func dirToTar(t testing.TB, dir string) []byte {
 			seen[k] = rel
 			hdr.Typeflag = tar.TypeReg
 			body, err = os.ReadFile(p)
-			must(t, err)
+			indextest.Must(t, err)
 			hdr.Size = int64(len(body))
 		}
-		must(t, tw.WriteHeader(hdr))
+		indextest.Must(t, tw.WriteHeader(hdr))
 		_, err = tw.Write(body)
-		must(t, err)
+		indextest.Must(t, err)
 		if v, err := unix.Lgetxattr(p, "trusted.overlay.opaque", make([]byte, 8)); err == nil && v == 1 {
-			must(t, tw.WriteHeader(&tar.Header{Name: rel + "/.wh..wh..opq", Typeflag: tar.TypeReg, ModTime: hdr.ModTime}))
+			indextest.Must(t, tw.WriteHeader(&tar.Header{Name: rel + "/.wh..wh..opq", Typeflag: tar.TypeReg, ModTime: hdr.ModTime}))
 		}
 		return nil
 	}))
-	must(t, tw.Close())
+	indextest.Must(t, tw.Close())
 	return buf.Bytes()
-}
-
-func digestOf(b []byte) string {
-	s := sha256.Sum256(b)
-	return "sha256:" + hex.EncodeToString(s[:])
 }
 
 func gzipBytes(t testing.TB, b []byte) []byte {
 	var buf bytes.Buffer
 	zw := gzip.NewWriter(&buf)
 	_, err := zw.Write(b)
-	must(t, err)
-	must(t, zw.Close())
+	indextest.Must(t, err)
+	indextest.Must(t, zw.Close())
 	return buf.Bytes()
 }
 
 func zstdBytes(t testing.TB, b []byte) []byte {
 	enc, err := zstd.NewWriter(nil)
-	must(t, err)
+	indextest.Must(t, err)
 	return enc.EncodeAll(b, nil)
 }
 
@@ -153,13 +150,13 @@ func compressLayers(t testing.TB, tars [][]byte) []testLayer {
 func configJSON(t testing.TB, layers []testLayer) []byte {
 	var diffs []string
 	for _, l := range layers {
-		diffs = append(diffs, digestOf(l.tar))
+		diffs = append(diffs, indextest.DigestOf(l.tar))
 	}
 	b, err := json.Marshal(map[string]any{
 		"architecture": "amd64", "os": "linux",
 		"rootfs": map[string]any{"type": "layers", "diff_ids": diffs},
 	})
-	must(t, err)
+	indextest.Must(t, err)
 	return b
 }
 
@@ -168,10 +165,10 @@ func configJSON(t testing.TB, layers []testLayer) []byte {
 func writeOCILayout(t testing.TB, dir string, layers []testLayer, tags map[string]int) {
 	t.Helper()
 	put := func(b []byte) string {
-		d := digestOf(b)
+		d := indextest.DigestOf(b)
 		p := filepath.Join(dir, "blobs", "sha256", strings.TrimPrefix(d, "sha256:"))
-		must(t, os.MkdirAll(filepath.Dir(p), 0o755))
-		must(t, os.WriteFile(p, b, 0o644))
+		indextest.Must(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		indextest.Must(t, os.WriteFile(p, b, 0o644))
 		return d
 	}
 	var manifests []map[string]any
@@ -186,37 +183,37 @@ func writeOCILayout(t testing.TB, dir string, layers []testLayer, tags map[strin
 			"config": map[string]any{"mediaType": "application/vnd.oci.image.config.v1+json", "digest": put(cfg), "size": len(cfg)},
 			"layers": ls,
 		})
-		must(t, err)
+		indextest.Must(t, err)
 		manifests = append(manifests, map[string]any{
 			"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": put(man), "size": len(man),
 			"annotations": map[string]string{"org.opencontainers.image.ref.name": tag},
 		})
 	}
 	idx, err := json.Marshal(map[string]any{"schemaVersion": 2, "manifests": manifests})
-	must(t, err)
-	must(t, os.WriteFile(filepath.Join(dir, "index.json"), idx, 0o644))
-	must(t, os.WriteFile(filepath.Join(dir, "oci-layout"), []byte(`{"imageLayoutVersion":"1.0.0"}`), 0o644))
+	indextest.Must(t, err)
+	indextest.Must(t, os.WriteFile(filepath.Join(dir, "index.json"), idx, 0o644))
+	indextest.Must(t, os.WriteFile(filepath.Join(dir, "oci-layout"), []byte(`{"imageLayoutVersion":"1.0.0"}`), 0o644))
 }
 
 // tarDir archives a directory's regular files (an OCI archive).
 func tarDir(t testing.TB, dir, out string) {
 	t.Helper()
 	f, err := os.Create(out)
-	must(t, err)
+	indextest.Must(t, err)
 	tw := tar.NewWriter(f)
-	must(t, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	indextest.Must(t, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
 		rel, _ := filepath.Rel(dir, p)
 		b, err := os.ReadFile(p)
-		must(t, err)
-		must(t, tw.WriteHeader(&tar.Header{Name: rel, Mode: 0o644, Size: int64(len(b)), Typeflag: tar.TypeReg}))
+		indextest.Must(t, err)
+		indextest.Must(t, tw.WriteHeader(&tar.Header{Name: rel, Mode: 0o644, Size: int64(len(b)), Typeflag: tar.TypeReg}))
 		_, err = tw.Write(b)
 		return err
 	}))
-	must(t, tw.Close())
-	must(t, f.Close())
+	indextest.Must(t, tw.Close())
+	indextest.Must(t, f.Close())
 }
 
 // writeDockerArchive writes a `docker save` style archive; the last layer
@@ -224,21 +221,21 @@ func tarDir(t testing.TB, dir, out string) {
 func writeDockerArchive(t testing.TB, out string, layers []testLayer, tag string) {
 	t.Helper()
 	f, err := os.Create(out)
-	must(t, err)
+	indextest.Must(t, err)
 	tw := tar.NewWriter(f)
 	add := func(name string, b []byte) {
-		must(t, tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(b)), Typeflag: tar.TypeReg}))
+		indextest.Must(t, tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(b)), Typeflag: tar.TypeReg}))
 		_, err := tw.Write(b)
-		must(t, err)
+		indextest.Must(t, err)
 	}
 	cfg := configJSON(t, layers)
-	cfgName := strings.TrimPrefix(digestOf(cfg), "sha256:") + ".json"
+	cfgName := strings.TrimPrefix(indextest.DigestOf(cfg), "sha256:") + ".json"
 	add(cfgName, cfg)
 	var names []string
 	for i, l := range layers {
 		name := "layer" + string(rune('a'+i)) + "/layer.tar"
 		if i == len(layers)-1 {
-			must(t, tw.WriteHeader(&tar.Header{Name: "dup/layer.tar", Typeflag: tar.TypeSymlink, Linkname: "../" + name}))
+			indextest.Must(t, tw.WriteHeader(&tar.Header{Name: "dup/layer.tar", Typeflag: tar.TypeSymlink, Linkname: "../" + name}))
 			names = append(names, "dup/layer.tar")
 		} else {
 			names = append(names, name)
@@ -250,31 +247,31 @@ func writeDockerArchive(t testing.TB, out string, layers []testLayer, tag string
 		add(name, b)
 	}
 	man, err := json.Marshal([]map[string]any{{"Config": cfgName, "RepoTags": []string{tag}, "Layers": names}})
-	must(t, err)
+	indextest.Must(t, err)
 	add("manifest.json", man)
-	must(t, tw.Close())
-	must(t, f.Close())
+	indextest.Must(t, tw.Close())
+	indextest.Must(t, f.Close())
 }
 
-// ociLayerSpecs are overlayLayers without sockets, which tar cannot carry.
-func ociLayerSpecs() []layerSpec {
-	var out []layerSpec
-	for _, s := range overlayLayers {
+// ociLayerSpecs are indextest.OverlayLayers without sockets, which tar cannot carry.
+func ociLayerSpecs() []indextest.LayerSpec {
+	var out []indextest.LayerSpec
+	for _, s := range indextest.OverlayLayers {
 		var lines []string
 		for _, l := range strings.Split(string(s), "\n") {
 			if !strings.HasPrefix(l, "s ") {
 				lines = append(lines, l)
 			}
 		}
-		out = append(out, layerSpec(strings.Join(lines, "\n")))
+		out = append(out, indextest.LayerSpec(strings.Join(lines, "\n")))
 	}
 	return out
 }
 
 func TestFromOCIMatchesLayers(t *testing.T) {
-	dirs := buildLayers(t, ociLayerSpecs())
-	want, err := FromLayers(context.Background(), dirs, Options{})
-	must(t, err)
+	dirs := indextest.BuildLayers(t, ociLayerSpecs())
+	want, err := overlayfs.FromLayers(context.Background(), dirs, index.Options{})
+	indextest.Must(t, err)
 	var tars [][]byte
 	for _, d := range dirs {
 		tars = append(tars, dirToTar(t, d))
@@ -295,26 +292,26 @@ func TestFromOCIMatchesLayers(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cache := t.TempDir()
-			var st Stats
-			ix, err := FromOCI(context.Background(), c.path, c.tag, Options{CacheDir: cache, Stats: &st})
-			must(t, err)
-			must(t, ix.Validate())
+			var st index.Stats
+			ix, err := FromOCI(context.Background(), c.path, c.tag, index.Options{CacheDir: cache, Stats: &st})
+			indextest.Must(t, err)
+			indextest.Must(t, ix.Validate())
 			if st.BlobsWritten != 3 || st.LayersIndexed != 3 {
 				t.Errorf("stats %+v", st)
 			}
 			for i, s := range ix.Sources {
-				if s.Kind != SourceBlob || s.ID != digestOf(tars[i]) {
+				if s.Kind != index.SourceBlob || s.ID != indextest.DigestOf(tars[i]) {
 					t.Errorf("source %d = %+v", i, s)
 				}
 			}
 			entriesEqualIgnoringSource(t, ix, want, false)
 			wantData := map[string][]byte{}
 			for i := range want.Entries {
-				if e := &want.Entries[i]; e.Type == TypeRegular {
-					wantData[e.Path] = readEntry(t, want, HostOpener{}, e)
+				if e := &want.Entries[i]; e.Type == index.TypeRegular {
+					wantData[e.Path] = indextest.ReadEntry(t, want, hostfs.Opener{}, e)
 				}
 			}
-			checkContents(t, ix, HostOpener{CacheDir: cache}, func(p string) ([]byte, error) {
+			indextest.CheckContents(t, ix, hostfs.Opener{CacheDir: cache}, func(p string) ([]byte, error) {
 				b, ok := wantData[p]
 				if !ok {
 					return nil, errors.New("no such file in FromLayers")
@@ -322,45 +319,45 @@ func TestFromOCIMatchesLayers(t *testing.T) {
 				return b, nil
 			})
 			// The second pod on the same image costs a merge, not a read.
-			var st2 Stats
-			ix2, err := FromOCI(context.Background(), c.path, c.tag, Options{CacheDir: cache, Stats: &st2})
-			must(t, err)
+			var st2 index.Stats
+			ix2, err := FromOCI(context.Background(), c.path, c.tag, index.Options{CacheDir: cache, Stats: &st2})
+			indextest.Must(t, err)
 			if st2.BlobsWritten != 0 || st2.LayersIndexed != 0 || st2.LayersCached != 3 {
 				t.Errorf("second call stats %+v", st2)
 			}
-			if !reflect.DeepEqual(normalize(ix), normalize(ix2)) {
+			if !reflect.DeepEqual(indextest.Normalize(ix), indextest.Normalize(ix2)) {
 				t.Error("cached result differs")
 			}
 		})
 	}
 	// Tag selection.
 	cache := t.TempDir()
-	ix0, err := FromOCI(context.Background(), layout, "v0", Options{CacheDir: cache})
-	must(t, err)
+	ix0, err := FromOCI(context.Background(), layout, "v0", index.Options{CacheDir: cache})
+	indextest.Must(t, err)
 	if len(ix0.Sources) != 2 {
 		t.Errorf("v0 has %d layers", len(ix0.Sources))
 	}
-	if _, err := FromOCI(context.Background(), layout, "", Options{CacheDir: cache}); err == nil || !strings.Contains(err.Error(), "matches 2") {
+	if _, err := FromOCI(context.Background(), layout, "", index.Options{CacheDir: cache}); err == nil || !strings.Contains(err.Error(), "matches 2") {
 		t.Errorf("ambiguous tag: %v", err)
 	}
-	if _, err := FromOCI(context.Background(), layout, "nope", Options{CacheDir: cache}); err == nil {
+	if _, err := FromOCI(context.Background(), layout, "nope", index.Options{CacheDir: cache}); err == nil {
 		t.Error("unknown tag accepted")
 	}
-	if _, err := FromOCI(context.Background(), layout, "v1", Options{}); err == nil {
+	if _, err := FromOCI(context.Background(), layout, "v1", index.Options{}); err == nil {
 		t.Error("no cache dir accepted")
 	}
 }
 
 func TestFromOCIRejectsTamperedLayer(t *testing.T) {
-	tar1 := buildTar(t, []tarEnt{{name: "f", body: "hello"}})
+	tar1 := indextest.BuildTar(t, []indextest.TarEnt{{Name: "f", Body: "hello"}})
 	layers := compressLayers(t, [][]byte{tar1})
 	dir := t.TempDir()
 	writeOCILayout(t, dir, layers, map[string]int{"x": 1})
 	// Swap the blob's content for another valid gzip stream.
-	p := filepath.Join(dir, "blobs", "sha256", strings.TrimPrefix(digestOf(layers[0].blob), "sha256:"))
-	must(t, os.WriteFile(p, gzipBytes(t, buildTar(t, []tarEnt{{name: "f", body: "evil!"}})), 0o644))
+	p := filepath.Join(dir, "blobs", "sha256", strings.TrimPrefix(indextest.DigestOf(layers[0].blob), "sha256:"))
+	indextest.Must(t, os.WriteFile(p, gzipBytes(t, indextest.BuildTar(t, []indextest.TarEnt{{Name: "f", Body: "evil!"}})), 0o644))
 	cache := t.TempDir()
-	_, err := FromOCI(context.Background(), dir, "x", Options{CacheDir: cache})
+	_, err := FromOCI(context.Background(), dir, "x", index.Options{CacheDir: cache})
 	if err == nil || !strings.Contains(err.Error(), "digest") {
 		t.Fatalf("tampered layer: %v", err)
 	}
@@ -368,10 +365,10 @@ func TestFromOCIRejectsTamperedLayer(t *testing.T) {
 		t.Fatalf("unverified blob left in the cache: %v", m)
 	}
 	// A decompression bomb stops at MaxBlobSize.
-	big := buildTar(t, []tarEnt{{name: "zeros", body: strings.Repeat("\x00", 1<<20)}})
+	big := indextest.BuildTar(t, []indextest.TarEnt{{Name: "zeros", Body: strings.Repeat("\x00", 1<<20)}})
 	dir2 := t.TempDir()
 	writeOCILayout(t, dir2, compressLayers(t, [][]byte{big}), map[string]int{"x": 1})
-	_, err = FromOCI(context.Background(), dir2, "x", Options{CacheDir: t.TempDir(), MaxBlobSize: 64 << 10})
+	_, err = FromOCI(context.Background(), dir2, "x", index.Options{CacheDir: t.TempDir(), MaxBlobSize: 64 << 10})
 	if err == nil || !strings.Contains(err.Error(), "larger than") {
 		t.Fatalf("bomb: %v", err)
 	}
@@ -383,14 +380,14 @@ func TestFromOCIRejectsTamperedLayer(t *testing.T) {
 func TestFromOCIMultiPlatform(t *testing.T) {
 	dir := t.TempDir()
 	put := func(b []byte) string {
-		d := digestOf(b)
+		d := indextest.DigestOf(b)
 		p := filepath.Join(dir, "blobs", "sha256", strings.TrimPrefix(d, "sha256:"))
-		must(t, os.MkdirAll(filepath.Dir(p), 0o755))
-		must(t, os.WriteFile(p, b, 0o644))
+		indextest.Must(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		indextest.Must(t, os.WriteFile(p, b, 0o644))
 		return d
 	}
 	manifestFor := func(content string) (string, int, string) {
-		tb := buildTar(t, []tarEnt{{name: "arch", body: content}})
+		tb := indextest.BuildTar(t, []indextest.TarEnt{{Name: "arch", Body: content}})
 		l := compressLayers(t, [][]byte{tb})[0]
 		cfg := configJSON(t, []testLayer{l})
 		man, err := json.Marshal(map[string]any{
@@ -398,8 +395,8 @@ func TestFromOCIMultiPlatform(t *testing.T) {
 			"config": map[string]any{"mediaType": "application/vnd.oci.image.config.v1+json", "digest": put(cfg), "size": len(cfg)},
 			"layers": []map[string]any{{"mediaType": l.mediaType, "digest": put(l.blob), "size": len(l.blob)}},
 		})
-		must(t, err)
-		return put(man), len(man), strings.TrimPrefix(digestOf(cfg), "sha256:")
+		indextest.Must(t, err)
+		return put(man), len(man), strings.TrimPrefix(indextest.DigestOf(cfg), "sha256:")
 	}
 	other := "arm64"
 	if runtime.GOARCH == "arm64" {
@@ -414,19 +411,19 @@ func TestFromOCIMultiPlatform(t *testing.T) {
 			{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": dHost, "size": nHost, "platform": map[string]string{"os": "linux", "architecture": runtime.GOARCH}},
 		},
 	})
-	must(t, err)
+	indextest.Must(t, err)
 	idx, err := json.Marshal(map[string]any{"schemaVersion": 2, "manifests": []map[string]any{{
 		"mediaType": "application/vnd.oci.image.index.v1+json", "digest": put(sub), "size": len(sub),
 		"annotations": map[string]string{"org.opencontainers.image.ref.name": "latest", "io.containerd.image.name": "docker.io/library/multi:latest"},
 	}}})
-	must(t, err)
-	must(t, os.WriteFile(filepath.Join(dir, "index.json"), idx, 0o644))
-	must(t, os.WriteFile(filepath.Join(dir, "oci-layout"), []byte(`{"imageLayoutVersion":"1.0.0"}`), 0o644))
+	indextest.Must(t, err)
+	indextest.Must(t, os.WriteFile(filepath.Join(dir, "index.json"), idx, 0o644))
+	indextest.Must(t, os.WriteFile(filepath.Join(dir, "oci-layout"), []byte(`{"imageLayoutVersion":"1.0.0"}`), 0o644))
 	cache := t.TempDir()
 	for _, tag := range []string{"latest", "docker.io/library/multi:latest"} {
-		ix, err := FromOCI(context.Background(), dir, tag, Options{CacheDir: cache})
-		must(t, err)
-		if got := string(readEntry(t, ix, HostOpener{CacheDir: cache}, entry(t, ix, "arch"))); got != "host" {
+		ix, err := FromOCI(context.Background(), dir, tag, index.Options{CacheDir: cache})
+		indextest.Must(t, err)
+		if got := string(indextest.ReadEntry(t, ix, hostfs.Opener{CacheDir: cache}, indextest.Lookup(t, ix, "arch"))); got != "host" {
 			t.Fatalf("tag %q picked the %q image", tag, got)
 		}
 	}
@@ -435,21 +432,63 @@ func TestFromOCIMultiPlatform(t *testing.T) {
 	{
 		var cfg imageConfig
 		b, err := os.ReadFile(filepath.Join(dir, "blobs", "sha256", cfgHex))
-		must(t, err)
-		must(t, json.Unmarshal(b, &cfg))
+		indextest.Must(t, err)
+		indextest.Must(t, json.Unmarshal(b, &cfg))
 		diff = cfg.RootFS.DiffIDs[0]
 	}
 	// Docker's manifest.json points at the (here gzip) layer blob by path.
 	var man ociManifest
 	b, err := os.ReadFile(filepath.Join(dir, "blobs", "sha256", strings.TrimPrefix(dHost, "sha256:")))
-	must(t, err)
-	must(t, json.Unmarshal(b, &man))
+	indextest.Must(t, err)
+	indextest.Must(t, json.Unmarshal(b, &man))
 	dm, err := json.Marshal([]map[string]any{{"Config": "blobs/sha256/" + cfgHex, "RepoTags": []string{"multi:v9"}, "Layers": []string{"blobs/sha256/" + strings.TrimPrefix(man.Layers[0].Digest, "sha256:")}}})
-	must(t, err)
-	must(t, os.WriteFile(filepath.Join(dir, "manifest.json"), dm, 0o644))
-	ix, err := FromOCI(context.Background(), dir, "multi:v9", Options{CacheDir: cache})
-	must(t, err)
+	indextest.Must(t, err)
+	indextest.Must(t, os.WriteFile(filepath.Join(dir, "manifest.json"), dm, 0o644))
+	ix, err := FromOCI(context.Background(), dir, "multi:v9", index.Options{CacheDir: cache})
+	indextest.Must(t, err)
 	if ix.Sources[0].ID != diff {
 		t.Fatalf("source %v, want %s", ix.Sources[0], diff)
+	}
+}
+
+// TestFromOCIHostileNamesEntryAndLayer checks the error at the API surface.
+func TestFromOCIHostileNamesEntryAndLayer(t *testing.T) {
+	good := indextest.BuildTar(t, []indextest.TarEnt{{Name: "ok", Body: "fine"}})
+	bad := indextest.BuildTar(t, []indextest.TarEnt{{Name: "x/../../../etc/shadow", Body: "x"}})
+	dir := t.TempDir()
+	writeOCILayout(t, dir, compressLayers(t, [][]byte{good, bad}), map[string]int{"t": 2})
+	_, err := FromOCI(context.Background(), dir, "t", index.Options{CacheDir: t.TempDir()})
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, s := range []string{"layer 1 (" + indextest.DigestOf(bad) + ")", `"x/../../../etc/shadow"`, `".." component`} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q lacks %q", err, s)
+		}
+	}
+}
+
+// entriesEqualIgnoringSource compares two indexes entry by entry, ignoring
+// where data lives and atimes.
+func entriesEqualIgnoringSource(t *testing.T, a, b *index.Index, ignoreCtime bool) {
+	t.Helper()
+	if len(a.Entries) != len(b.Entries) {
+		var pa, pb []string
+		for _, e := range a.Entries {
+			pa = append(pa, e.Path)
+		}
+		for _, e := range b.Entries {
+			pb = append(pb, e.Path)
+		}
+		t.Fatalf("%d vs %d entries:\n%q\n%q", len(a.Entries), len(b.Entries), pa, pb)
+	}
+	for i := range a.Entries {
+		x, y := indextest.Comparable(a.Entries[i]), indextest.Comparable(b.Entries[i])
+		if ignoreCtime {
+			x.Ctime, y.Ctime = index.Timespec{}, index.Timespec{}
+		}
+		if !reflect.DeepEqual(x, y) {
+			t.Errorf("entry %d:\n%+v\n%+v", i, x, y)
+		}
 	}
 }

@@ -1,16 +1,17 @@
-package index
+package tarlayer
 
 import (
 	"archive/tar"
 	"context"
-	"maps"
-
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/blk/index"
 )
 
 // Tar whiteout conventions of the OCI image spec.
@@ -22,7 +23,7 @@ const (
 
 // linode is one inode of a tar layer; hard links share it.
 type linode struct {
-	e     Entry
+	e     index.Entry
 	links int
 }
 
@@ -36,13 +37,13 @@ type lnode struct {
 	kids      map[string]*lnode
 }
 
-// readTarLayer indexes one uncompressed layer tar read from r (which must
-// seek, so file data offsets can be recorded and skipped cheaply) into a
-// per-layer index whose regular files point into src at their tar offset.
-// Whiteouts (.wh.NAME) and opaque markers (.wh..wh..opq) become the overlay
-// representation that FromLayers also reads; hostile entries are rejected
-// with an error naming the entry and layer.
-func readTarLayer(ctx context.Context, r io.ReadSeeker, src Source, max int, layer string) (*Index, error) {
+// Read indexes one uncompressed layer tar read from r (which must seek, so
+// file data offsets can be recorded and skipped cheaply) into a per-layer
+// index whose regular files point into src at their tar offset. Whiteouts
+// (.wh.NAME) and opaque markers (.wh..wh..opq) become the overlay
+// representation that a host layer directory has too; hostile entries are
+// rejected with an error naming the entry and layer. max bounds the entries.
+func Read(ctx context.Context, r io.ReadSeeker, src index.Source, max int, layer string) (*index.Index, error) {
 	ix, err := readTar(ctx, r, src, max)
 	if err != nil {
 		return nil, fmt.Errorf("layer %s: %w", layer, err)
@@ -55,10 +56,10 @@ type tarReader struct {
 	count   int
 	max     int
 	nlinks  int
-	entries []Entry
+	entries []index.Entry
 }
 
-func readTar(ctx context.Context, r io.ReadSeeker, src Source, max int) (*Index, error) {
+func readTar(ctx context.Context, r io.ReadSeeker, src index.Source, max int) (*index.Index, error) {
 	t := &tarReader{root: &lnode{isDir: true}, max: max}
 	tr := tar.NewReader(r)
 	last := ""
@@ -75,34 +76,34 @@ func readTar(ctx context.Context, r io.ReadSeeker, src Source, max int) (*Index,
 		if err != nil {
 			// archive/tar does not say which field was bad (a negative size,
 			// a broken checksum): point at where it happened instead.
-			return nil, fmt.Errorf("read tar header after %d entries (last %q): %w", n, trunc(last), err)
+			return nil, fmt.Errorf("read tar header after %d entries (last %q): %w", n, index.Trunc(last), err)
 		}
 		last = hdr.Name
 		off, err := r.Seek(0, io.SeekCurrent)
 		if err != nil {
-			return nil, fmt.Errorf("tar entry %q: %w", trunc(hdr.Name), err)
+			return nil, fmt.Errorf("tar entry %q: %w", index.Trunc(hdr.Name), err)
 		}
 		if err := t.add(hdr, off); err != nil {
-			return nil, fmt.Errorf("tar entry %q: %w", trunc(hdr.Name), err)
+			return nil, fmt.Errorf("tar entry %q: %w", index.Trunc(hdr.Name), err)
 		}
 	}
-	t.entries = make([]Entry, 0, t.count+1)
+	t.entries = make([]index.Entry, 0, t.count+1)
 	seen := map[*linode]string{}
 	if err := t.flatten(".", t.root, seen); err != nil {
 		return nil, err
 	}
-	return &Index{Sources: []Source{src}, Entries: t.entries}, nil
+	return &index.Index{Sources: []index.Source{src}, Entries: t.entries}, nil
 }
 
-// tarPath validates a tar name and returns it as a clean index path ("."
-// for the root). Absolute names and ".." components are rejected rather
-// than cleaned, since they only appear in archives built to escape.
-func tarPath(name string) (string, error) {
+// MemberPath validates a tar member name and returns it as a clean index
+// path ("." for the root). Absolute names and ".." components are rejected
+// rather than cleaned, since they only appear in archives built to escape.
+func MemberPath(name string) (string, error) {
 	if strings.HasPrefix(name, "/") {
-		return "", invalidf("absolute path")
+		return "", index.Invalidf("absolute path")
 	}
 	if strings.IndexByte(name, 0) >= 0 {
-		return "", invalidf("NUL byte in name")
+		return "", index.Invalidf("NUL byte in name")
 	}
 	parts := strings.Split(name, "/")
 	out := parts[:0]
@@ -111,10 +112,10 @@ func tarPath(name string) (string, error) {
 		case "", ".":
 			continue
 		case "..":
-			return "", invalidf("\"..\" component")
+			return "", index.Invalidf("\"..\" component")
 		}
-		if len(c) > MaxNameLen {
-			return "", invalidf("name component of %d bytes exceeds %d", len(c), MaxNameLen)
+		if len(c) > index.MaxNameLen {
+			return "", index.Invalidf("name component of %d bytes exceeds %d", len(c), index.MaxNameLen)
 		}
 		out = append(out, c)
 	}
@@ -122,8 +123,8 @@ func tarPath(name string) (string, error) {
 		return ".", nil
 	}
 	p := strings.Join(out, "/")
-	if len(p) > MaxPathLen {
-		return "", invalidf("path of %d bytes exceeds %d", len(p), MaxPathLen)
+	if len(p) > index.MaxPathLen {
+		return "", index.Invalidf("path of %d bytes exceeds %d", len(p), index.MaxPathLen)
 	}
 	return p, nil
 }
@@ -140,7 +141,7 @@ func (t *tarReader) dir(p string) (*lnode, error) {
 	for rest := p; rest != ""; {
 		var c string
 		c, rest, _ = strings.Cut(rest, "/")
-		walked = joinPath(walked, c)
+		walked = index.JoinPath(walked, c)
 		k := n.kids[c]
 		switch {
 		case k == nil:
@@ -153,7 +154,7 @@ func (t *tarReader) dir(p string) (*lnode, error) {
 			}
 			n.kids[c] = k
 		case !k.isDir && (k.ino != nil || k.lowerLink != ""):
-			return nil, invalidf("parent %q is not a directory in this layer", trunc(walked))
+			return nil, index.Invalidf("parent %q is not a directory in this layer", index.Trunc(walked))
 		case !k.isDir:
 			k.isDir = true // a bare whiteout that now has children
 		}
@@ -165,106 +166,106 @@ func (t *tarReader) dir(p string) (*lnode, error) {
 func (t *tarReader) grow() error {
 	t.count++
 	if t.count > t.max {
-		return invalidf("more than %d entries", t.max)
+		return index.Invalidf("more than %d entries", t.max)
 	}
 	return nil
 }
 
-func tarTime(t time.Time, def Timespec) Timespec {
+func tarTime(t time.Time, def index.Timespec) index.Timespec {
 	if t.IsZero() {
 		return def
 	}
-	return Timespec{Sec: t.Unix(), Nsec: uint32(t.Nanosecond())}
+	return index.Timespec{Sec: t.Unix(), Nsec: uint32(t.Nanosecond())}
 }
 
 func (t *tarReader) add(hdr *tar.Header, off int64) error {
-	p, err := tarPath(hdr.Name)
+	p, err := MemberPath(hdr.Name)
 	if err != nil {
 		return err
 	}
-	base := baseName(p)
+	base := index.BaseName(p)
 	if p != "." && strings.HasPrefix(base, whPrefix) {
 		return t.whiteout(p, base)
 	}
-	var e Entry
+	var e index.Entry
 	switch hdr.Typeflag {
 	case tar.TypeReg:
-		e.Type = TypeRegular
+		e.Type = index.TypeRegular
 	case tar.TypeDir:
-		e.Type = TypeDir
+		e.Type = index.TypeDir
 	case tar.TypeSymlink:
-		e.Type = TypeSymlink
+		e.Type = index.TypeSymlink
 	case tar.TypeLink:
-		e.Type = TypeHardlink
+		e.Type = index.TypeHardlink
 	case tar.TypeChar:
-		e.Type = TypeChar
+		e.Type = index.TypeChar
 	case tar.TypeBlock:
-		e.Type = TypeBlock
+		e.Type = index.TypeBlock
 	case tar.TypeFifo:
-		e.Type = TypeFifo
+		e.Type = index.TypeFifo
 	case tar.TypeXGlobalHeader:
 		return nil
 	case tar.TypeGNUSparse:
-		return invalidf("sparse tar entries are not supported")
+		return index.Invalidf("sparse tar entries are not supported")
 	default:
-		return invalidf("unsupported tar entry type %q", hdr.Typeflag)
+		return index.Invalidf("unsupported tar entry type %q", hdr.Typeflag)
 	}
 	for k := range hdr.PAXRecords {
 		if strings.HasPrefix(k, "GNU.sparse.") {
-			return invalidf("sparse tar entries are not supported")
+			return index.Invalidf("sparse tar entries are not supported")
 		}
 	}
 	if hdr.Size < 0 {
-		return invalidf("negative size %d", hdr.Size)
+		return index.Invalidf("negative size %d", hdr.Size)
 	}
 	if hdr.Uid < 0 || int64(hdr.Uid) > math.MaxUint32 || hdr.Gid < 0 || int64(hdr.Gid) > math.MaxUint32 {
-		return invalidf("uid/gid %d/%d out of range", hdr.Uid, hdr.Gid)
+		return index.Invalidf("uid/gid %d/%d out of range", hdr.Uid, hdr.Gid)
 	}
 	e.Mode = uint32(hdr.Mode & 07777)
 	e.UID, e.GID = uint32(hdr.Uid), uint32(hdr.Gid)
-	e.Mtime = tarTime(hdr.ModTime, Timespec{})
+	e.Mtime = tarTime(hdr.ModTime, index.Timespec{})
 	e.Atime = tarTime(hdr.AccessTime, e.Mtime)
 	e.Ctime = tarTime(hdr.ChangeTime, e.Mtime)
 	for k, v := range hdr.PAXRecords {
 		name, ok := strings.CutPrefix(k, "SCHILY.xattr.")
-		if !ok || strings.HasPrefix(name, overlayXattrPrefix) {
+		if !ok || strings.HasPrefix(name, index.XattrOverlayPrefix) {
 			continue
 		}
-		if name == "" || len(name) > MaxXattrNameLen || len(v) > MaxXattrSize {
-			return invalidf("xattr %q: bad name or value of %d bytes", trunc(name), len(v))
+		if name == "" || len(name) > index.MaxXattrNameLen || len(v) > index.MaxXattrSize {
+			return index.Invalidf("xattr %q: bad name or value of %d bytes", index.Trunc(name), len(v))
 		}
-		e.Xattrs = append(e.Xattrs, Xattr{Name: name, Value: []byte(v)})
+		e.Xattrs = append(e.Xattrs, index.Xattr{Name: name, Value: []byte(v)})
 	}
-	slices.SortFunc(e.Xattrs, func(a, b Xattr) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(e.Xattrs, func(a, b index.Xattr) int { return strings.Compare(a.Name, b.Name) })
 	switch e.Type {
-	case TypeRegular:
+	case index.TypeRegular:
 		e.Size = hdr.Size
-		e.Data = Data{Offset: off}
-		if off < 0 || off > maxInt64-hdr.Size {
-			return invalidf("data offset out of range")
+		e.Data = index.Data{Offset: off}
+		if off < 0 || off > math.MaxInt64-hdr.Size {
+			return index.Invalidf("data offset out of range")
 		}
-	case TypeSymlink:
-		if hdr.Linkname == "" || len(hdr.Linkname) > MaxSymlinkLen || strings.IndexByte(hdr.Linkname, 0) >= 0 {
-			return invalidf("symlink target of %d bytes (max %d)", len(hdr.Linkname), MaxSymlinkLen)
+	case index.TypeSymlink:
+		if hdr.Linkname == "" || len(hdr.Linkname) > index.MaxSymlinkLen || strings.IndexByte(hdr.Linkname, 0) >= 0 {
+			return index.Invalidf("symlink target of %d bytes (max %d)", len(hdr.Linkname), index.MaxSymlinkLen)
 		}
 		e.Linkname = hdr.Linkname
-	case TypeChar, TypeBlock:
+	case index.TypeChar, index.TypeBlock:
 		if hdr.Devmajor < 0 || hdr.Devminor < 0 {
-			return invalidf("negative device number %d:%d", hdr.Devmajor, hdr.Devminor)
+			return index.Invalidf("negative device number %d:%d", hdr.Devmajor, hdr.Devminor)
 		}
-		if err := checkDev(uint64(hdr.Devmajor), uint64(hdr.Devminor)); err != nil {
+		if err := index.CheckDev(uint64(hdr.Devmajor), uint64(hdr.Devminor)); err != nil {
 			return err
 		}
 		e.Devmajor, e.Devminor = uint32(hdr.Devmajor), uint32(hdr.Devminor)
 	}
 	if p == "." {
-		if e.Type != TypeDir {
-			return invalidf("root entry is a %s", e.Type)
+		if e.Type != index.TypeDir {
+			return index.Invalidf("root entry is a %s", e.Type)
 		}
 		t.root.ino = &linode{e: e}
 		return nil
 	}
-	parent, err := t.dir(parentPath(p))
+	parent, err := t.dir(index.ParentPath(p))
 	if err != nil {
 		return err
 	}
@@ -280,17 +281,17 @@ func (t *tarReader) add(hdr *tar.Header, off int64) error {
 	n := &lnode{}
 	if old != nil {
 		n.whiteout = old.whiteout
-		if e.Type == TypeDir && old.isDir {
+		if e.Type == index.TypeDir && old.isDir {
 			// A directory entry over a directory of the same layer keeps its
 			// contents, as extraction would.
 			n.kids, n.opaque = old.kids, old.opaque
 		}
 	}
 	switch e.Type {
-	case TypeDir:
+	case index.TypeDir:
 		n.isDir = true
 		n.ino = &linode{e: e}
-	case TypeHardlink:
+	case index.TypeHardlink:
 		if err := t.link(n, hdr.Linkname, e); err != nil {
 			return err
 		}
@@ -304,34 +305,34 @@ func (t *tarReader) add(hdr *tar.Header, off int64) error {
 // link resolves a hard link when it is read: to an inode of this layer when
 // the target name exists here, otherwise to the target in a lower layer
 // (checked when the layers are merged).
-func (t *tarReader) link(n *lnode, target string, e Entry) error {
-	tp, err := tarPath(target)
+func (t *tarReader) link(n *lnode, target string, e index.Entry) error {
+	tp, err := MemberPath(target)
 	if err != nil {
-		return fmt.Errorf("hard link target %q outside the tree: %w", trunc(target), err)
+		return fmt.Errorf("hard link target %q outside the tree: %w", index.Trunc(target), err)
 	}
 	if tp == "." {
-		return invalidf("hard link to the root directory")
+		return index.Invalidf("hard link to the root directory")
 	}
 	k := t.root
 	for rest := tp; rest != "" && k != nil; {
 		var c string
 		c, rest, _ = strings.Cut(rest, "/")
 		if !k.isDir {
-			return invalidf("hard link target %q: %q is not a directory", trunc(target), c)
+			return index.Invalidf("hard link target %q: %q is not a directory", index.Trunc(target), c)
 		}
 		k = k.kids[c]
 	}
 	switch {
 	case k == nil && t.pathWhitedOut(tp):
-		return invalidf("hard link target %q is removed by a whiteout in this layer", trunc(target))
+		return index.Invalidf("hard link target %q is removed by a whiteout in this layer", index.Trunc(target))
 	case k == nil:
 		n.lowerLink = tp
 	case k.isDir:
-		return invalidf("hard link target %q is a directory", trunc(target))
+		return index.Invalidf("hard link target %q is a directory", index.Trunc(target))
 	case k.lowerLink != "":
 		n.lowerLink = k.lowerLink
 	case k.ino == nil:
-		return invalidf("hard link target %q is removed by a whiteout in this layer", trunc(target))
+		return index.Invalidf("hard link target %q is removed by a whiteout in this layer", index.Trunc(target))
 	default:
 		k.ino.links++
 		t.nlinks++
@@ -367,7 +368,7 @@ func (t *tarReader) pathWhitedOut(p string) bool {
 }
 
 func (t *tarReader) whiteout(p, base string) error {
-	dir := parentPath(p)
+	dir := index.ParentPath(p)
 	if base == whOpaque {
 		d, err := t.dir(dir)
 		if err != nil {
@@ -381,7 +382,7 @@ func (t *tarReader) whiteout(p, base string) error {
 	}
 	name := base[len(whPrefix):]
 	if name == "" || name == "." || name == ".." {
-		return invalidf("whiteout of %q", name)
+		return index.Invalidf("whiteout of %q", name)
 	}
 	parent, err := t.dir(dir)
 	if err != nil {
@@ -406,31 +407,31 @@ func (t *tarReader) whiteout(p, base string) error {
 
 // flatten emits the layer tree in Index order as a per-layer index.
 func (t *tarReader) flatten(p string, n *lnode, seen map[*linode]string) error {
-	var e Entry
+	var e index.Entry
 	switch {
 	case n.isDir && n.ino != nil:
 		e = n.ino.e
 		if n.whiteout || n.opaque {
-			e.Xattrs = withXattr(e.Xattrs, xattrOpaque, "y")
+			e.Xattrs = withXattr(e.Xattrs, index.XattrOpaque, "y")
 		}
 	case n.isDir && n.whiteout:
 		// Lower entry removed, then implied as a parent: a fresh directory.
-		e = defaultDir
-		e.Xattrs = withXattr(nil, xattrOpaque, "y")
+		e = index.ImpliedDir()
+		e.Xattrs = withXattr(nil, index.XattrOpaque, "y")
 	case n.isDir:
-		e = defaultDir
-		e.Xattrs = withXattr(nil, xattrImplicit, "y")
+		e = index.ImpliedDir()
+		e.Xattrs = withXattr(nil, index.XattrImplicit, "y")
 		if n.opaque {
-			e.Xattrs = withXattr(e.Xattrs, xattrOpaque, "y")
+			e.Xattrs = withXattr(e.Xattrs, index.XattrOpaque, "y")
 		}
 	case n.lowerLink != "":
-		e = Entry{Type: TypeHardlink, Linkname: n.lowerLink, Xattrs: withXattr(nil, xattrLowerLink, "y")}
+		e = index.Entry{Type: index.TypeHardlink, Linkname: n.lowerLink, Xattrs: withXattr(nil, index.XattrLowerLink, "y")}
 	case n.ino == nil:
-		e = Entry{Type: TypeChar} // whiteout
+		e = index.Entry{Type: index.TypeChar} // whiteout
 	default:
 		if first, ok := seen[n.ino]; ok {
 			l := n.ino.e
-			e = Entry{Type: TypeHardlink, Linkname: first, Mode: l.Mode, UID: l.UID, GID: l.GID,
+			e = index.Entry{Type: index.TypeHardlink, Linkname: first, Mode: l.Mode, UID: l.UID, GID: l.GID,
 				Atime: l.Atime, Mtime: l.Mtime, Ctime: l.Ctime, Size: l.Size, Xattrs: l.Xattrs}
 		} else {
 			e = n.ino.e
@@ -438,8 +439,8 @@ func (t *tarReader) flatten(p string, n *lnode, seen map[*linode]string) error {
 				seen[n.ino] = p
 			}
 		}
-		if e.Type == TypeHardlink && e.Linkname == "" {
-			return invalidf("hard link %q without target", trunc(p))
+		if e.Type == index.TypeHardlink && e.Linkname == "" {
+			return index.Invalidf("hard link %q without target", index.Trunc(p))
 		}
 	}
 	e.Path = p
@@ -448,7 +449,7 @@ func (t *tarReader) flatten(p string, n *lnode, seen map[*linode]string) error {
 		return nil
 	}
 	for _, k := range slices.Sorted(maps.Keys(n.kids)) {
-		if err := t.flatten(joinPath(p, k), n.kids[k], seen); err != nil {
+		if err := t.flatten(index.JoinPath(p, k), n.kids[k], seen); err != nil {
 			return err
 		}
 	}
@@ -456,13 +457,13 @@ func (t *tarReader) flatten(p string, n *lnode, seen map[*linode]string) error {
 }
 
 // withXattr returns xs plus name=value, sorted, without modifying xs.
-func withXattr(xs []Xattr, name, value string) []Xattr {
-	out := make([]Xattr, 0, len(xs)+1)
+func withXattr(xs []index.Xattr, name, value string) []index.Xattr {
+	out := make([]index.Xattr, 0, len(xs)+1)
 	out = append(out, xs...)
-	i, found := slices.BinarySearchFunc(out, name, func(x Xattr, n string) int { return strings.Compare(x.Name, n) })
+	i, found := slices.BinarySearchFunc(out, name, func(x index.Xattr, n string) int { return strings.Compare(x.Name, n) })
 	if found {
 		out[i].Value = []byte(value)
 		return out
 	}
-	return slices.Insert(out, i, Xattr{Name: name, Value: []byte(value)})
+	return slices.Insert(out, i, index.Xattr{Name: name, Value: []byte(value)})
 }

@@ -1,4 +1,4 @@
-package index
+package hostfs
 
 import (
 	"errors"
@@ -8,53 +8,54 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/kata-fsx/kata-fsx/blk/index"
 	"golang.org/x/sys/unix"
 )
 
-// HostOpener reads sources from this host: SourceDir files beneath their
-// layer directory without following any symlink, SourceBlob content from
-// the blob cache that FromOCI fills. The returned readers are *os.File;
-// close them.
-type HostOpener struct {
+// Opener reads sources from this host: SourceDir files beneath their
+// directory without following any symlink, SourceBlob content from the blob
+// cache (index.BlobPath) that oci.FromOCI fills. The returned readers are
+// *os.File; close them.
+type Opener struct {
 	// CacheDir is the Options.CacheDir the index was built with; it is only
 	// needed for SourceBlob.
 	CacheDir string
 }
 
-var _ Opener = HostOpener{}
+var _ index.Opener = Opener{}
 
 // Open implements Opener.
-func (o HostOpener) Open(src Source, path string) (io.ReaderAt, error) {
+func (o Opener) Open(src index.Source, path string) (io.ReaderAt, error) {
 	switch src.Kind {
-	case SourceDir:
-		if err := checkPath(path); err != nil || path == "." {
-			return nil, fmt.Errorf("open %q in %s: %w", trunc(path), src.ID, invalidf("bad path"))
+	case index.SourceDir:
+		if err := index.CheckPath(path); err != nil || path == "." {
+			return nil, fmt.Errorf("open %q in %s: %w", index.Trunc(path), src.ID, index.Invalidf("bad path"))
 		}
 		if !filepath.IsAbs(src.ID) {
-			return nil, fmt.Errorf("open source %q: %w", src.ID, invalidf("directory source is not an absolute path"))
+			return nil, fmt.Errorf("open source %q: %w", src.ID, index.Invalidf("directory source is not an absolute path"))
 		}
 		dfd, err := unix.Open(src.ID, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return nil, fmt.Errorf("open source %s: %w", src.ID, err)
 		}
 		defer unix.Close(dfd)
-		f, err := openBeneath(dfd, path)
+		f, err := OpenBeneath(dfd, path)
 		if err != nil {
-			return nil, fmt.Errorf("open %q in %s: %w", trunc(path), src.ID, err)
+			return nil, fmt.Errorf("open %q in %s: %w", index.Trunc(path), src.ID, err)
 		}
 		if err := checkRegular(f); err != nil {
 			f.Close()
-			return nil, fmt.Errorf("open %q in %s: %w", trunc(path), src.ID, err)
+			return nil, fmt.Errorf("open %q in %s: %w", index.Trunc(path), src.ID, err)
 		}
 		return f, nil
-	case SourceBlob:
+	case index.SourceBlob:
 		if path != "" {
-			return nil, fmt.Errorf("open blob %s: %w", src.ID, invalidf("path %q given for a blob", trunc(path)))
+			return nil, fmt.Errorf("open blob %s: %w", src.ID, index.Invalidf("path %q given for a blob", index.Trunc(path)))
 		}
 		if o.CacheDir == "" {
-			return nil, fmt.Errorf("open blob %s: %w", src.ID, invalidf("no cache directory"))
+			return nil, fmt.Errorf("open blob %s: %w", src.ID, index.Invalidf("no cache directory"))
 		}
-		p, err := BlobPath(o.CacheDir, src.ID)
+		p, err := index.BlobPath(o.CacheDir, src.ID)
 		if err != nil {
 			return nil, err
 		}
@@ -72,7 +73,7 @@ func (o HostOpener) Open(src Source, path string) (io.ReaderAt, error) {
 		}
 		return f, nil
 	}
-	return nil, fmt.Errorf("open source %q: %w", src.ID, invalidf("unknown source kind %d", src.Kind))
+	return nil, fmt.Errorf("open source %q: %w", src.ID, index.Invalidf("unknown source kind %d", src.Kind))
 }
 
 func checkRegular(f *os.File) error {
@@ -81,15 +82,15 @@ func checkRegular(f *os.File) error {
 		return err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return invalidf("not a regular file")
+		return index.Invalidf("not a regular file")
 	}
 	return nil
 }
 
-// openBeneath opens the relative path name read-only beneath dirfd with
+// OpenBeneath opens the relative path name read-only beneath dirfd with
 // openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS); on kernels without openat2
 // it walks component by component with O_NOFOLLOW instead.
-func openBeneath(dirfd int, name string) (*os.File, error) {
+func OpenBeneath(dirfd int, name string) (*os.File, error) {
 	how := unix.OpenHow{
 		Flags:   unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW,
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
@@ -115,10 +116,10 @@ func openBeneath(dirfd int, name string) (*os.File, error) {
 	}
 }
 
-// openWalk is openBeneath without openat2.
+// openWalk is OpenBeneath without openat2.
 func openWalk(dirfd int, name string) (*os.File, error) {
 	if strings.HasPrefix(name, "/") {
-		return nil, invalidf("absolute path")
+		return nil, index.Invalidf("absolute path")
 	}
 	parts := strings.Split(name, "/")
 	cur := dirfd
@@ -129,7 +130,7 @@ func openWalk(dirfd int, name string) (*os.File, error) {
 	}()
 	for i, c := range parts {
 		if c == "" || c == "." || c == ".." {
-			return nil, invalidf("bad path component %q", c)
+			return nil, index.Invalidf("bad path component %q", c)
 		}
 		flags := unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW
 		if i < len(parts)-1 {

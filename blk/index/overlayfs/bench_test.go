@@ -1,0 +1,31 @@
+package overlayfs
+
+import (
+	"context"
+	"testing"
+
+	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/indextest"
+)
+
+// BenchmarkFromLayersCached100k is the second pod on a 100k-entry layer:
+// decode the cached index and merge.
+func BenchmarkFromLayersCached100k(b *testing.B) {
+	root := b.TempDir()
+	indextest.GenFlat(b, root, 100000)
+	opts := index.Options{CacheDir: b.TempDir()}
+	if _, err := FromLayers(context.Background(), []string{root}, opts); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		var st index.Stats
+		opts.Stats = &st
+		if _, err := FromLayers(context.Background(), []string{root}, opts); err != nil {
+			b.Fatal(err)
+		}
+		if st.LayersCached != 1 {
+			b.Fatalf("not cached: %+v", st)
+		}
+	}
+}

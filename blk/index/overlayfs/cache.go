@@ -1,0 +1,81 @@
+package overlayfs
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/kata-fsx/kata-fsx/blk/index"
+)
+
+// cacheVersion is folded into every cache key so that a change in how
+// layers are indexed invalidates old entries even when the encoding stays.
+const cacheVersion = "kata-fsx-index-cache-1"
+
+// Cache stores per-layer indexes in Dir/index/<sha256(key)>.idx, so that a
+// layer is walked or read once however many images use it. A source picks
+// keys that change whenever the layer's content may (FromLayers: path and
+// stat stamp or the caller's key; oci: the diffID). The zero Cache (no Dir)
+// stores nothing.
+type Cache struct {
+	Dir string // Options.CacheDir
+}
+
+func (c Cache) path(key string) string {
+	sum := sha256.Sum256([]byte(cacheVersion + "\x00" + key))
+	return filepath.Join(c.Dir, "index", hex.EncodeToString(sum[:])+".idx")
+}
+
+// Load returns the cached per-layer index for key with the single source
+// want, or nil when there is none or it is unusable: any damage is a miss,
+// later overwritten.
+func (c Cache) Load(key string, want index.Source) *index.Index {
+	if c.Dir == "" {
+		return nil
+	}
+	f, err := os.Open(c.path(key))
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	ix, err := index.DecodeLayer(bufio.NewReaderSize(f, 1<<16))
+	if err != nil || len(ix.Sources) != 1 || ix.Sources[0] != want {
+		return nil
+	}
+	return ix
+}
+
+// Store writes a per-layer index for key atomically (temp file, then
+// rename).
+func (c Cache) Store(key string, ix *index.Index) error {
+	if c.Dir == "" {
+		return nil
+	}
+	p := c.path(key)
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return fmt.Errorf("index cache: %w", err)
+	}
+	f, err := os.CreateTemp(filepath.Dir(p), ".tmp-*")
+	if err != nil {
+		return fmt.Errorf("index cache: %w", err)
+	}
+	defer os.Remove(f.Name())
+	bw := bufio.NewWriterSize(f, 1<<16)
+	err = index.EncodeLayer(bw, ix)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), p)
+	}
+	if err != nil {
+		return fmt.Errorf("index cache %s: %w", p, err)
+	}
+	return nil
+}
