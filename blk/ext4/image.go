@@ -11,6 +11,7 @@ import (
 
 	"github.com/kata-fsx/kata-fsx/blk/blockmap"
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/rawimage"
 )
 
 // Files of a persisted image directory.
@@ -53,8 +54,17 @@ type Image struct {
 	closer   io.Closer
 }
 
+// The run-time reader serves an Image without knowing its format.
+var _ rawimage.Image = (*Image)(nil)
+
 // Meta gives access to the metadata file; Meta extents' offsets point into it.
 func (img *Image) Meta() io.ReaderAt { return img.meta }
+
+// BlockMap is img.Map, for readers that take any synthesized image.
+func (img *Image) BlockMap() *blockmap.Map { return img.Map }
+
+// Sources is the index's source table, which Data extents' Source ids index.
+func (img *Image) Sources() []index.Source { return img.Manifest.Sources }
 
 // MetaSize is the size of the metadata file in bytes.
 func (img *Image) MetaSize() int64 { return img.metaSize }
@@ -206,7 +216,7 @@ func Export(ctx context.Context, img *Image, opener index.Opener, out *os.File) 
 	if err := out.Truncate(int64(m.Blocks() * bs)); err != nil {
 		return fmt.Errorf("ext4: export: %w", err)
 	}
-	d := NewDisk(img, opener)
+	d := rawimage.New(img, opener)
 	defer d.Close()
 	buf := make([]byte, 1<<20)
 	for i := 0; i < m.Len(); i++ {
