@@ -2,7 +2,6 @@ package ext4
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -154,9 +153,7 @@ func Build(ctx context.Context, idx *index.Index, opts Options) (*Image, error) 
 	if hs == ([16]byte{}) {
 		copy(hs[:], id[16:])
 	}
-	for i := range b.hashSeed {
-		b.hashSeed[i] = binary.LittleEndian.Uint32(hs[4*i:])
-	}
+	b.hashSeed = disklayout.HashSeedWords(hs)
 	b.fsSeed = disklayout.FSChecksumSeed(b.uuid)
 
 	steps := []func() error{b.scan, b.assignInodes, b.planContent, b.layout, b.emit}
@@ -468,8 +465,8 @@ func (b *builder) lostFound(n *node) {
 	for k := 0; k < lpfBlocks; k++ {
 		blk := n.dirData[k*bs : (k+1)*bs]
 		if k == 0 {
-			disklayout.PutDirent(blk, n.ino, 12, disklayout.FtDir, ".")
-			disklayout.PutDirent(blk[12:], disklayout.RootIno, bs-12-disklayout.DirentTailSize, disklayout.FtDir, "..")
+			off := disklayout.PutDirent(blk, n.ino, disklayout.DotDirentSize, disklayout.FtDir, ".")
+			disklayout.PutDirent(blk[off:], disklayout.RootIno, bs-off-disklayout.DirentTailSize, disklayout.FtDir, "..")
 		} else {
 			disklayout.PutDirent(blk, 0, bs-disklayout.DirentTailSize, 0, "")
 		}
@@ -491,7 +488,7 @@ func (b *builder) buildDir(n *node) error {
 	bs := int(b.bs)
 	leafCap := bs - disklayout.DirentTailSize
 	ents := make([]dirEnt, len(n.kids))
-	size := 24
+	size := 2 * disklayout.DotDirentSize
 	for k, c := range n.kids {
 		t := &b.nodes[c.node]
 		ents[k] = dirEnt{name: c.name, ino: t.ino, ft: ftype(t.typ)}
@@ -504,14 +501,14 @@ func (b *builder) buildDir(n *node) error {
 	seed := disklayout.InodeChecksumSeed(b.fsSeed, n.ino, 0)
 	if size <= leafCap {
 		blk := make([]byte, bs)
-		off := disklayout.PutDirent(blk, n.ino, 12, disklayout.FtDir, ".")
+		off := disklayout.PutDirent(blk, n.ino, disklayout.DotDirentSize, disklayout.FtDir, ".")
 		last := off
-		off += disklayout.PutDirent(blk[off:], parentIno, 12, disklayout.FtDir, "..")
+		off += disklayout.PutDirent(blk[off:], parentIno, disklayout.DotDirentSize, disklayout.FtDir, "..")
 		for _, e := range ents {
 			last = off
 			off += disklayout.PutDirent(blk[off:], e.ino, disklayout.RecLen(len(e.name)), e.ft, e.name)
 		}
-		binary.LittleEndian.PutUint16(blk[last+4:], uint16(leafCap-last))
+		disklayout.SetDirentRecLen(blk[last:], leafCap-last)
 		disklayout.SetDirentTail(blk, seed)
 		n.dirData = blk
 		return nil
@@ -568,34 +565,28 @@ func (b *builder) buildDir(n *node) error {
 			last = off
 			off += disklayout.PutDirent(blk[off:], e.ino, disklayout.RecLen(len(e.name)), e.ft, e.name)
 		}
-		binary.LittleEndian.PutUint16(blk[last+4:], uint16(leafCap-last))
+		disklayout.SetDirentRecLen(blk[last:], leafCap-last)
 		disklayout.SetDirentTail(blk, seed)
 	}
 	putDx := func(blk []byte, countOff, limit int, keys []uint32, blocks []uint32) {
-		le := binary.LittleEndian
-		le.PutUint16(blk[countOff:], uint16(limit))
-		le.PutUint16(blk[countOff+2:], uint16(len(keys)))
-		le.PutUint32(blk[countOff+4:], blocks[0])
-		for k := 1; k < len(keys); k++ {
-			le.PutUint32(blk[countOff+8*k:], keys[k])
-			le.PutUint32(blk[countOff+8*k+4:], blocks[k])
-		}
+		disklayout.PutDxEntries(blk, countOff, limit, keys, blocks)
 		disklayout.SetDxChecksum(blk, countOff, seed)
 	}
 	root := data[:bs]
-	disklayout.PutDirent(root, n.ino, 12, disklayout.FtDir, ".")
-	disklayout.PutDirent(root[12:], parentIno, bs-12, disklayout.FtDir, "..")
-	root[24+4] = disklayout.HashHalfMD4
-	root[24+5] = disklayout.DxRootInfoSize
+	off := disklayout.PutDirent(root, n.ino, disklayout.DotDirentSize, disklayout.FtDir, ".")
+	disklayout.PutDirent(root[off:], parentIno, bs-off, disklayout.FtDir, "..")
+	info := disklayout.DxRootInfo{HashVersion: disklayout.HashHalfMD4, InfoLength: disklayout.DxRootInfoSize}
 	keys := make([]uint32, len(leaves))
 	blocks := make([]uint32, len(leaves))
 	for li, l := range leaves {
 		keys[li], blocks[li] = l.key, uint32(firstLeaf+li)
 	}
 	if nnodes == 0 {
+		info.Marshal(root[disklayout.DxRootInfoOffset:])
 		putDx(root, disklayout.DxRootCountOffset, rootLimit, keys, blocks)
 	} else {
-		root[24+6] = 1
+		info.IndirectLevels = 1
+		info.Marshal(root[disklayout.DxRootInfoOffset:])
 		var rkeys, rblocks []uint32
 		for j := 0; j < nnodes; j++ {
 			lo, hi := j*nodeLimit, min((j+1)*nodeLimit, len(leaves))
@@ -652,9 +643,9 @@ func (b *builder) planXattrs(n *node, dedup map[string]int32) error {
 			return b.pathErr(n.path, "duplicate xattr %q in namespace %d", xs[k].name, xs[k].index)
 		}
 	}
-	const ibody = disklayout.InodeSize - disklayout.InodeCoreSize - disklayout.InodeExtraSize
-	in := make([]byte, ibody)
-	binary.LittleEndian.PutUint32(in, disklayout.XattrMagic)
+	in := make([]byte, disklayout.InodeXattrSpace)
+	ih := disklayout.XattrIbodyHeader{Magic: disklayout.XattrMagic}
+	ih.Marshal(in)
 	// The in-inode region's offsets count from the first entry.
 	inReg := in[disklayout.XattrIbodySize:]
 	inEnt, inVal := 0, len(inReg)
@@ -684,10 +675,8 @@ func (b *builder) planXattrs(n *node, dedup map[string]int32) error {
 	if len(bHashes) == 0 {
 		return nil
 	}
-	le := binary.LittleEndian
-	le.PutUint32(blk[0:], disklayout.XattrMagic)
-	le.PutUint32(blk[8:], 1)
-	le.PutUint32(blk[12:], disklayout.XattrBlockHash(bHashes))
+	h := disklayout.XattrHeader{Magic: disklayout.XattrMagic, Blocks: 1, Hash: disklayout.XattrBlockHash(bHashes)}
+	h.Marshal(blk)
 	key := string(blk)
 	if xi, ok := dedup[key]; ok && b.xblocks[xi].refs < 1024 {
 		b.xblocks[xi].refs++
@@ -703,20 +692,15 @@ func (b *builder) planXattrs(n *node, dedup map[string]int32) error {
 // putXattr writes entry x at entOff with its value at valOff (both
 // relative to reg, where e_value_offs counts from) and returns its hash.
 func putXattr(reg []byte, entOff, valOff int, x xattr) uint32 {
-	le := binary.LittleEndian
-	e := reg[entOff:]
-	e[0] = uint8(len(x.name))
-	e[1] = x.index
-	h := disklayout.XattrEntryHash(x.name, x.value)
+	e := disklayout.XattrEntry{NameLen: uint8(len(x.name)), NameIndex: x.index,
+		ValueSize: uint32(len(x.value)), Hash: disklayout.XattrEntryHash(x.name, x.value)}
 	if len(x.value) > 0 {
-		le.PutUint16(e[2:], uint16(valOff))
+		e.ValueOffs = uint16(valOff)
 		copy(reg[valOff:], x.value)
 	}
-	le.PutUint32(e[4:], 0)
-	le.PutUint32(e[8:], uint32(len(x.value)))
-	le.PutUint32(e[12:], h)
-	copy(e[disklayout.XattrEntrySize:], x.name)
-	return h
+	e.Marshal(reg[entOff:])
+	copy(reg[entOff+disklayout.XattrEntrySize:], x.name)
+	return e.Hash
 }
 
 // dataRanges returns a file's data as block ranges with the byte length
@@ -754,14 +738,14 @@ type blockRange struct {
 }
 
 // treeBlocks is the number of extent tree blocks n extents need beyond the
-// four that fit in the inode.
+// root in the inode.
 func (b *builder) treeBlocks(n int) uint64 {
-	if n <= 4 {
+	if n <= disklayout.ExtentRootMax {
 		return 0
 	}
 	per := disklayout.ExtentsPerBlock(int(b.bs))
 	total, c := 0, n
-	for c > 4 {
+	for c > disklayout.ExtentRootMax {
 		c = (c + per - 1) / per
 		total += c
 	}

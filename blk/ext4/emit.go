@@ -2,7 +2,6 @@ package ext4
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
 	"math/bits"
 	"sort"
@@ -74,7 +73,7 @@ func (b *builder) emit() error {
 		x := &b.xblocks[k]
 		blk := b.metaBlocks(x.pblk, 1)
 		copy(blk, x.data)
-		binary.LittleEndian.PutUint32(blk[4:], x.refs)
+		disklayout.SetXattrRefcount(blk, x.refs)
 		disklayout.SetXattrBlockChecksum(blk, b.fsSeed, x.pblk)
 	}
 	if b.journal >= 0 {
@@ -159,9 +158,7 @@ func (b *builder) writeInode(n *node) {
 		if n.typ == index.TypeBlock {
 			in.Mode = disklayout.ModeBlock
 		}
-		w0, w1 := disklayout.EncodeDev(n.ent.Devmajor, n.ent.Devminor)
-		binary.LittleEndian.PutUint32(in.Block[0:], w0)
-		binary.LittleEndian.PutUint32(in.Block[4:], w1)
+		in.SetDevice(n.ent.Devmajor, n.ent.Devminor)
 	case index.TypeFifo:
 		in.Mode = disklayout.ModeFifo
 	case index.TypeSocket:
@@ -192,7 +189,7 @@ func (b *builder) writeInode(n *node) {
 	rec := b.inodeRecord(n.ino)
 	in.Marshal(rec)
 	if n.xattrIn != nil {
-		copy(rec[disklayout.InodeCoreSize+disklayout.InodeExtraSize:], n.xattrIn)
+		copy(rec[disklayout.InodeXattrOffset:], n.xattrIn)
 	}
 	disklayout.SetInodeChecksum(rec, b.fsSeed, n.ino, 0)
 }
@@ -206,11 +203,11 @@ func (b *builder) writeExtentTree(n *node, iblock []byte) {
 		lblk uint32
 		pblk uint64
 	}
-	if len(n.exts) <= 4 {
-		h := disklayout.ExtentHeader{Magic: disklayout.ExtentMagic, Entries: uint16(len(n.exts)), Max: 4}
+	if len(n.exts) <= disklayout.ExtentRootMax {
+		h := disklayout.ExtentHeader{Magic: disklayout.ExtentMagic, Entries: uint16(len(n.exts)), Max: disklayout.ExtentRootMax}
 		h.Marshal(iblock)
 		for k, e := range n.exts {
-			disklayout.MarshalLeaf(iblock[disklayout.ExtentSize*(k+1):], e.lblk, uint16(e.n), e.pblk)
+			disklayout.MarshalLeaf(disklayout.ExtentEntry(iblock, k), e.lblk, uint16(e.n), e.pblk)
 		}
 		return
 	}
@@ -222,14 +219,14 @@ func (b *builder) writeExtentTree(n *node, iblock []byte) {
 		h := disklayout.ExtentHeader{Magic: disklayout.ExtentMagic, Entries: uint16(len(chunk)), Max: uint16(per)}
 		h.Marshal(blk)
 		for j, e := range chunk {
-			disklayout.MarshalLeaf(blk[disklayout.ExtentSize*(j+1):], e.lblk, uint16(e.n), e.pblk)
+			disklayout.MarshalLeaf(disklayout.ExtentEntry(blk, j), e.lblk, uint16(e.n), e.pblk)
 		}
 		disklayout.SetExtentBlockChecksum(blk, seed)
 		level = append(level, ref{chunk[0].lblk, tb[0]})
 		tb = tb[1:]
 	}
 	depth := uint16(1)
-	for len(level) > 4 {
+	for len(level) > disklayout.ExtentRootMax {
 		var up []ref
 		for k := 0; k < len(level); k += per {
 			chunk := level[k:min(k+per, len(level))]
@@ -237,7 +234,7 @@ func (b *builder) writeExtentTree(n *node, iblock []byte) {
 			h := disklayout.ExtentHeader{Magic: disklayout.ExtentMagic, Entries: uint16(len(chunk)), Max: uint16(per), Depth: depth}
 			h.Marshal(blk)
 			for j, c := range chunk {
-				disklayout.MarshalIdx(blk[disklayout.ExtentSize*(j+1):], c.lblk, c.pblk)
+				disklayout.MarshalIdx(disklayout.ExtentEntry(blk, j), c.lblk, c.pblk)
 			}
 			disklayout.SetExtentBlockChecksum(blk, seed)
 			up = append(up, ref{chunk[0].lblk, tb[0]})
@@ -246,10 +243,10 @@ func (b *builder) writeExtentTree(n *node, iblock []byte) {
 		level = up
 		depth++
 	}
-	h := disklayout.ExtentHeader{Magic: disklayout.ExtentMagic, Entries: uint16(len(level)), Max: 4, Depth: depth}
+	h := disklayout.ExtentHeader{Magic: disklayout.ExtentMagic, Entries: uint16(len(level)), Max: disklayout.ExtentRootMax, Depth: depth}
 	h.Marshal(iblock)
 	for k, c := range level {
-		disklayout.MarshalIdx(iblock[disklayout.ExtentSize*(k+1):], c.lblk, c.pblk)
+		disklayout.MarshalIdx(disklayout.ExtentEntry(iblock, k), c.lblk, c.pblk)
 	}
 }
 
@@ -402,12 +399,11 @@ func (b *builder) writeSupers() error {
 		sb.FeatureCompat |= disklayout.CompatHasJournal
 		sb.JournalInum = disklayout.JournalIno
 		sb.JnlBackupType = disklayout.JnlBackupBlocks
-		rec := b.inodeRecord(disklayout.JournalIno)
-		for k := 0; k < 15; k++ {
-			sb.JnlBlocks[k] = binary.LittleEndian.Uint32(rec[0x28+4*k:])
+		var jin disklayout.Inode
+		if err := jin.Unmarshal(b.inodeRecord(disklayout.JournalIno)); err != nil {
+			return fmt.Errorf("ext4: journal inode: %w", err)
 		}
-		sb.JnlBlocks[15] = binary.LittleEndian.Uint32(rec[0x6C:])
-		sb.JnlBlocks[16] = binary.LittleEndian.Uint32(rec[0x04:])
+		sb.JnlBlocks = jin.JournalBackup()
 	}
 	write := func(g uint64) error {
 		sb.BlockGroupNr = uint16(g)
