@@ -10,15 +10,15 @@ import (
 	"regexp"
 	"strconv"
 	"testing"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // mkfsImage makes a small filesystem with the real mkfs.ext4 and returns
 // its bytes; the records this package encodes are checked against it.
 func mkfsImage(t *testing.T) []byte {
 	t.Helper()
-	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		t.Skipf("mkfs.ext4 not installed (CI installs e2fsprogs): %v", err)
-	}
+	testenv.Tool(t, "mkfs.ext4", "e2fsprogs")
 	p := filepath.Join(t.TempDir(), "ref.img")
 	out, err := exec.Command("mkfs.ext4", "-q", "-F", "-b", "4096", "-O", "^resize_inode", "-E", "lazy_itable_init=0",
 		"-U", "0b2c4d6e-1111-4222-8333-123456789abc", p, "300M").CombinedOutput()
@@ -142,9 +142,7 @@ func firstExtent(t *testing.T, in *Inode) uint64 {
 var hashRE = regexp.MustCompile(`Hash of .* is 0x([0-9a-f]+)`)
 
 func TestDirHashMatchesDebugfs(t *testing.T) {
-	if _, err := exec.LookPath("debugfs"); err != nil {
-		t.Skipf("debugfs not installed: %v", err)
-	}
+	testenv.Tool(t, "debugfs", "e2fsprogs")
 	img := filepath.Join(t.TempDir(), "empty")
 	if err := os.WriteFile(img, nil, 0o644); err != nil {
 		t.Fatal(err)
