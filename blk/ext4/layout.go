@@ -148,10 +148,11 @@ func newGeometry(bs, ngroups, inodes uint64) geometry {
 		gdtBlocks: (ngroups*disklayout.GroupDescSize64 + bs - 1) / bs}
 }
 
-// tryLayout places everything in g's groups, in the order mkfs and the
-// kernel would: group tables packed at the front as flex_bg allows, the
-// journal, directory and symlink blocks, xattr blocks, file data, extent
-// tree blocks. It returns a larger group count when g's are not enough.
+// tryLayout places everything in g's groups in one forward sweep: group
+// tables packed at the front as flex_bg allows, then the journal,
+// directory and symlink blocks, xattr blocks, file data and extent tree
+// blocks. The order is part of the output: changing it moves blocks. It
+// returns a larger group count when g's groups are not enough.
 func tryLayout(ctx context.Context, idx *index.Index, t *tree, c *contents, s sizing, g geometry) (*layout, uint64, error) {
 	if g.ipg > g.bpg {
 		inodes := uint64(t.maxIno) + s.freeInodes
