@@ -17,6 +17,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
 	"github.com/kata-fsx/kata-fsx/blk/overlay"
+	"github.com/kata-fsx/kata-fsx/blk/rawimage"
 	"github.com/kata-fsx/kata-fsx/blk/vhostuser"
 )
 
@@ -75,7 +76,7 @@ type Disk struct {
 	Socket string
 	Image  *ext4.Image
 
-	base *ext4.Disk
+	base *rawimage.Disk
 	dev  *overlay.Device
 	srv  *vhostuser.Server
 }
@@ -131,7 +132,7 @@ func Serve(ctx context.Context, imgDir, overlayPath, socket string, opts Options
 
 func serveImage(ctx context.Context, img *ext4.Image, overlayPath, socket string, opts Options) (*Disk, error) {
 	d := &Disk{Dir: filepath.Dir(overlayPath), Socket: socket, Image: img}
-	d.base = ext4.NewDisk(img, &hostfs.Opener{CacheDir: opts.CacheDir})
+	d.base = rawimage.New(img, &hostfs.Opener{CacheDir: opts.CacheDir})
 	var err error
 	d.dev, err = overlay.Open(d.base, d.base.Size(), overlayPath, overlay.Options{BlockSize: int(img.Manifest.BlockSize), ReadOnly: opts.ReadOnly, Serial: "imagefs-blk"})
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/ext4"
 	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 	"github.com/kata-fsx/kata-fsx/blk/overlay"
+	"github.com/kata-fsx/kata-fsx/blk/rawimage"
 	"github.com/kata-fsx/kata-fsx/config"
 )
 
@@ -377,7 +378,7 @@ func exportWithOverlay(ctx context.Context, img *ext4.Image, overlayPath, cache 
 	if _, err := os.Stat(overlayPath); err != nil {
 		return fmt.Errorf("overlay: %w", err)
 	}
-	base := ext4.NewDisk(img, &hostfs.Opener{CacheDir: cache})
+	base := rawimage.New(img, &hostfs.Opener{CacheDir: cache})
 	defer base.Close()
 	dev, err := overlay.Open(base, base.Size(), overlayPath, overlay.Options{BlockSize: int(img.Manifest.BlockSize), ReadOnly: true})
 	if err != nil {

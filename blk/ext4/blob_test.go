@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // patternBlob is a synthetic content blob whose byte at offset o is a
@@ -46,8 +47,8 @@ func (o blobOpener) Open(src index.Source, path string) (io.ReaderAt, error) {
 // content and that the tail of each last block reads as zeros although the
 // blob continues there.
 func TestBlobSource(t *testing.T) {
-	requireTool(t, "e2fsck")
-	requireTool(t, "debugfs")
+	testenv.Tool(t, "e2fsck", "e2fsprogs")
+	testenv.Tool(t, "debugfs", "e2fsprogs")
 	idx := syntheticIndex(20000, 200)
 	last := &idx.Entries[len(idx.Entries)-1]
 	blobSize := last.Data.Offset + last.Size + 4096

@@ -19,16 +19,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 const testTime = 1700000000
-
-func requireTool(t testing.TB, name string) {
-	t.Helper()
-	if _, err := exec.LookPath(name); err != nil {
-		t.Skipf("%s not installed (CI installs e2fsprogs): %v", name, err)
-	}
-}
 
 func must(t testing.TB, err error) {
 	t.Helper()
@@ -206,7 +200,7 @@ func buildExport(t testing.TB, idx *index.Index, opts Options, dir string) (*Ima
 // fsck runs e2fsck -fn and fails on any problem or non-zero status.
 func fsck(t testing.TB, img string) {
 	t.Helper()
-	requireTool(t, "e2fsck")
+	testenv.Tool(t, "e2fsck", "e2fsprogs")
 	out, err := exec.Command("e2fsck", "-fn", img).CombinedOutput()
 	if err != nil {
 		t.Fatalf("e2fsck -fn: %v\n%s", err, out)
@@ -221,12 +215,11 @@ func fsck(t testing.TB, img string) {
 // mountRO loop-mounts img read-only and returns the mount point.
 func mountRO(t testing.TB, img string) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("loop mount needs root")
-	}
+	testenv.Root(t, "a loop mount")
+	testenv.Tool(t, "mount", "mount")
 	mnt := t.TempDir()
 	if out, err := exec.Command("mount", "-t", "ext4", "-o", "loop,ro,noload", img, mnt).CombinedOutput(); err != nil {
-		t.Skipf("loop mount unavailable: %v: %s", err, out)
+		t.Fatalf("loop mount: %v: %s", err, out)
 	}
 	t.Cleanup(func() {
 		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
@@ -397,7 +390,7 @@ func compareTree(t *testing.T, idx *index.Index, src, mnt string, bs int64) {
 }
 
 func TestBuildRealTools(t *testing.T) {
-	requireTool(t, "e2fsck")
+	testenv.Tool(t, "e2fsck", "e2fsprogs")
 	src := t.TempDir()
 	makeTree(t, src, !testing.Short())
 	idx := indexDir(t, src)
@@ -413,7 +406,7 @@ func TestBuildRealTools(t *testing.T) {
 		t.Errorf("root ino %d, lost+found ino %d mode %#o; want 2, 11, dir 0700", root.Ino, lpf.Ino, lpf.Mode)
 	}
 	// debugfs agrees on the structures e2fsck accepted.
-	requireTool(t, "debugfs")
+	testenv.Tool(t, "debugfs", "e2fsprogs")
 	out, err := exec.Command("debugfs", "-R", "htree_dump /wide", raw).CombinedOutput()
 	must(t, err)
 	if !strings.Contains(string(out), "Indirect levels: 0") || strings.Contains(string(out), "Invalid") {
@@ -444,7 +437,7 @@ func TestBuildRealTools(t *testing.T) {
 // TestHugeDirectory builds a 100 000-entry directory from an in-memory
 // index: its htree needs two index levels.
 func TestHugeDirectory(t *testing.T) {
-	requireTool(t, "e2fsck")
+	testenv.Tool(t, "e2fsck", "e2fsprogs")
 	idx := &index.Index{Entries: []index.Entry{{Path: ".", Type: index.TypeDir, Mode: 0o755}, {Path: "big", Type: index.TypeDir, Mode: 0o755}}}
 	const n = 100000
 	for i := 0; i < n; i++ {
@@ -488,7 +481,7 @@ func TestManySubdirs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds 65 002 directories")
 	}
-	requireTool(t, "e2fsck")
+	testenv.Tool(t, "e2fsck", "e2fsprogs")
 	idx := &index.Index{Entries: []index.Entry{{Path: ".", Type: index.TypeDir, Mode: 0o755}, {Path: "p", Type: index.TypeDir, Mode: 0o755}}}
 	for i := 0; i < 65001; i++ {
 		idx.Entries = append(idx.Entries, index.Entry{Path: fmt.Sprintf("p/%d", i), Type: index.TypeDir, Mode: 0o755})
@@ -505,7 +498,7 @@ func TestManySubdirs(t *testing.T) {
 
 // TestBlockSize2048 builds the test tree with 2 KiB blocks.
 func TestBlockSize2048(t *testing.T) {
-	requireTool(t, "e2fsck")
+	testenv.Tool(t, "e2fsck", "e2fsprogs")
 	src := t.TempDir()
 	makeTree(t, src, false)
 	idx := indexDir(t, src)
@@ -552,7 +545,7 @@ func TestDeterministic(t *testing.T) {
 }
 
 func TestWriteToOpenExport(t *testing.T) {
-	requireTool(t, "e2fsck")
+	testenv.Tool(t, "e2fsck", "e2fsprogs")
 	src := t.TempDir()
 	writeFile(t, filepath.Join(src, "a", "f"), bytes.Repeat([]byte("data"), 3000), 0o644)
 	idx := indexDir(t, src)
@@ -613,7 +606,7 @@ func TestWriteToOpenExport(t *testing.T) {
 }
 
 func TestNoJournalAndSmallOptions(t *testing.T) {
-	requireTool(t, "e2fsck")
+	testenv.Tool(t, "e2fsck", "e2fsprogs")
 	src := t.TempDir()
 	writeFile(t, filepath.Join(src, "f"), []byte("x"), 0o644)
 	idx := indexDir(t, src)
@@ -689,7 +682,7 @@ func TestHostileIndex(t *testing.T) {
 
 // TestExplicitInodes honours Entry.Ino.
 func TestExplicitInodes(t *testing.T) {
-	requireTool(t, "e2fsck")
+	testenv.Tool(t, "e2fsck", "e2fsprogs")
 	idx := &index.Index{Entries: []index.Entry{
 		{Path: ".", Type: index.TypeDir, Mode: 0o755, Ino: 2},
 		{Path: "a", Type: index.TypeDir, Mode: 0o755, Ino: 5000},

@@ -2,12 +2,11 @@ package ext4
 
 import (
 	"bytes"
-	"encoding/binary"
+	"context"
 	"fmt"
 	"math/bits"
 	"sort"
 
-	"github.com/kata-fsx/kata-fsx/blk/blockmap"
 	"github.com/kata-fsx/kata-fsx/blk/ext4/disklayout"
 	"github.com/kata-fsx/kata-fsx/blk/index"
 )
@@ -21,112 +20,196 @@ const (
 	logGroupsPerFlex = 4
 )
 
-// emit writes every stored block into the metadata buffer.
-func (b *builder) emit() error {
-	bs := b.bs
-	b.planGroups()
-	sort.Slice(b.stored, func(i, j int) bool { return b.stored[i].start < b.stored[j].start })
-	b.metaOff = make([]uint64, len(b.stored))
-	var off uint64
-	for i, r := range b.stored {
-		if i > 0 && b.stored[i-1].start+b.stored[i-1].n > r.start {
-			return fmt.Errorf("ext4: internal error: metadata blocks %d and %d overlap", b.stored[i-1].start, r.start)
+// metadata is what emit writes: the metadata file and where each stored
+// and shared range sits in it.
+type metadata struct {
+	bytes     []byte
+	storedOff []uint64 // byte offset of plan.stored[i]
+	shared    []sharedRange
+	sharedOff []uint64 // byte offset of the content with id i
+}
+
+// sharedRange is a run of blocks whose bytes are shared content: the
+// group descriptor table copies and the bitmaps, which on a large image
+// are mostly identical (full data groups, empty inode groups), so each
+// distinct block is stored once.
+type sharedRange struct {
+	r  brange
+	id int // index into metadata.sharedOff
+}
+
+// emitter writes a plan's bytes.
+type emitter struct {
+	p  *plan
+	bs uint64
+	md *metadata
+	// journalInode is kept for the superblock's s_jnl_blocks copy.
+	journalInode disklayout.Inode
+}
+
+// emit writes every stored block of the plan and the shared group tables
+// into the metadata file, computing every checksum.
+func emit(ctx context.Context, p *plan) (*metadata, error) {
+	e := &emitter{p: p, bs: p.layout.bs, md: &metadata{}}
+	shared := e.groupTables()
+	e.allocate(shared)
+	for i := range p.tree.nodes {
+		if err := cancelled(ctx, i); err != nil {
+			return nil, err
 		}
-		b.metaOff[i] = off
-		off += r.n * bs
+		e.writeContent(i)
+		e.writeInode(i)
 	}
-	b.sharedOff = make([]uint64, len(b.sharedData))
-	for i, d := range b.sharedData {
-		b.sharedOff[i] = off
+	e.writeReservedInodes()
+	e.writeXattrBlocks()
+	if err := e.writeJournalSuper(); err != nil {
+		return nil, err
+	}
+	if err := e.writeSupers(); err != nil {
+		return nil, err
+	}
+	return e.md, nil
+}
+
+// groupTables encodes every group's bitmaps and the group descriptor
+// table, returning each distinct content once; e.md.shared says which
+// blocks hold which.
+func (e *emitter) groupTables() [][]byte {
+	p, l := e.p, e.p.layout
+	var data [][]byte
+	ids := make(map[string]int)
+	intern := func(c []byte) int {
+		if id, ok := ids[string(c)]; ok {
+			return id
+		}
+		data = append(data, bytes.Clone(c))
+		ids[string(c)] = len(data) - 1
+		return len(data) - 1
+	}
+	gdt := make([]byte, l.gdtBlocks*e.bs)
+	buf := make([]byte, e.bs)
+	for g := uint64(0); g < l.ngroups; g++ {
+		clear(buf)
+		l.usedBlocks(g, func(off, n uint64) { setBits(buf, off, n) })
+		if start, end := l.groupBlocks(g); end-start < l.bpg {
+			setBits(buf, end-start, l.bpg-(end-start)) // past the end of the disk
+		}
+		bbc := disklayout.BitmapChecksum(p.fsSeed, buf[:l.bpg/8])
+		e.md.shared = append(e.md.shared, sharedRange{brange{l.bbitmap[g], 1}, intern(buf)})
+
+		clear(buf)
+		for _, in := range p.groups.groupInodes(g) {
+			setBits(buf, (in.ino-1)%l.ipg, 1)
+		}
+		setBits(buf, l.ipg, e.bs*8-l.ipg)
+		ibc := disklayout.BitmapChecksum(p.fsSeed, buf[:l.ipg/8])
+		e.md.shared = append(e.md.shared, sharedRange{brange{l.ibitmap[g], 1}, intern(buf)})
+
+		c := &p.groups.groups[g]
+		it := l.itable[g].start
+		gd := disklayout.GroupDesc{
+			BlockBitmapLo: uint32(l.bbitmap[g]), BlockBitmapHi: uint32(l.bbitmap[g] >> 32),
+			InodeBitmapLo: uint32(l.ibitmap[g]), InodeBitmapHi: uint32(l.ibitmap[g] >> 32),
+			InodeTableLo: uint32(it), InodeTableHi: uint32(it >> 32),
+			FreeBlocksCountLo: uint16(c.freeBlocks), FreeBlocksCountHi: uint16(c.freeBlocks >> 16),
+			FreeInodesCountLo: uint16(c.freeInodes), FreeInodesCountHi: uint16(c.freeInodes >> 16),
+			UsedDirsCountLo: uint16(c.dirs), UsedDirsCountHi: uint16(c.dirs >> 16),
+			ItableUnusedLo: uint16(c.itableUnused), ItableUnusedHi: uint16(c.itableUnused >> 16),
+			BlockBitmapCsumLo: uint16(bbc), BlockBitmapCsumHi: uint16(bbc >> 16),
+			InodeBitmapCsumLo: uint16(ibc), InodeBitmapCsumHi: uint16(ibc >> 16),
+			Flags: disklayout.BGItableZeroed,
+		}
+		gd.Marshal(gdt[g*disklayout.GroupDescSize64:], p.fsSeed, uint32(g))
+	}
+	id := intern(gdt)
+	e.md.shared = append(e.md.shared, sharedRange{brange{1, l.gdtBlocks}, id})
+	for _, s := range l.backups {
+		e.md.shared = append(e.md.shared, sharedRange{brange{s + 1, l.gdtBlocks}, id})
+	}
+	return data
+}
+
+// allocate lays out the metadata file, the stored ranges in block order
+// then the shared contents, and copies the shared contents in.
+func (e *emitter) allocate(shared [][]byte) {
+	md := e.md
+	md.storedOff = make([]uint64, len(e.p.stored))
+	var off uint64
+	for i, r := range e.p.stored {
+		md.storedOff[i] = off
+		off += r.n * e.bs
+	}
+	md.sharedOff = make([]uint64, len(shared))
+	for i, d := range shared {
+		md.sharedOff[i] = off
 		off += uint64(len(d))
 	}
-	b.meta = make([]byte, off)
-	for i, d := range b.sharedData {
-		copy(b.meta[b.sharedOff[i]:], d)
+	md.bytes = make([]byte, off)
+	for i, d := range shared {
+		copy(md.bytes[md.sharedOff[i]:], d)
 	}
-	b.sharedData = nil
-
-	for i := range b.nodes {
-		if err := b.cancelled(i); err != nil {
-			return err
-		}
-		n := &b.nodes[i]
-		if len(n.dirData) > 0 {
-			src := n.dirData
-			for _, r := range n.metaRuns {
-				copy(b.metaBlocks(r.start, r.n), src[:r.n*bs])
-				src = src[r.n*bs:]
-			}
-		}
-		b.writeInode(n)
-	}
-	// Reserved inodes other than root and the journal, as mkfs leaves them.
-	for ino := uint32(1); ino < disklayout.FirstIno; ino++ {
-		if ino == disklayout.RootIno || ino == disklayout.JournalIno && b.journal >= 0 {
-			continue
-		}
-		rec := b.inodeRecord(ino)
-		in := disklayout.Inode{ExtraIsize: disklayout.InodeExtraSize}
-		in.Marshal(rec)
-		disklayout.SetInodeChecksum(rec, b.fsSeed, ino, 0)
-	}
-	for k := range b.xblocks {
-		x := &b.xblocks[k]
-		blk := b.metaBlocks(x.pblk, 1)
-		copy(blk, x.data)
-		binary.LittleEndian.PutUint32(blk[4:], x.refs)
-		disklayout.SetXattrBlockChecksum(blk, b.fsSeed, x.pblk)
-	}
-	if b.journal >= 0 {
-		n := &b.nodes[b.journal]
-		js := disklayout.JournalSuperBlock{
-			HeaderMagic: disklayout.JournalMagic, HeaderBlocktype: disklayout.Jbd2SuperblockV2,
-			BlockSize: uint32(bs), MaxLen: uint32(n.dataBlks), First: 1, Sequence: 1,
-			UUID: b.uuid, NrUsers: 1,
-		}
-		if err := js.Marshal(b.metaBlocks(n.exts[0].pblk, 1)); err != nil {
-			return fmt.Errorf("ext4: journal superblock: %w", err)
-		}
-	}
-	return b.writeSupers()
 }
 
 // metaBlocks returns the buffer of n stored blocks starting at blk.
-func (b *builder) metaBlocks(blk, n uint64) []byte {
-	i := sort.Search(len(b.stored), func(i int) bool { return b.stored[i].start+b.stored[i].n > blk })
-	r := b.stored[i]
+func (e *emitter) metaBlocks(blk, n uint64) []byte {
+	stored := e.p.stored
+	i := sort.Search(len(stored), func(i int) bool { return stored[i].start+stored[i].n > blk })
+	r := stored[i]
 	if blk < r.start || blk+n > r.start+r.n {
 		panic(fmt.Sprintf("ext4: internal error: block %d+%d not stored", blk, n))
 	}
-	o := b.metaOff[i] + (blk-r.start)*b.bs
-	return b.meta[o : o+n*b.bs]
+	o := e.md.storedOff[i] + (blk-r.start)*e.bs
+	return e.md.bytes[o : o+n*e.bs]
 }
 
 // inodeRecord returns the inode table slot of ino.
-func (b *builder) inodeRecord(ino uint32) []byte {
-	g := uint64(ino-1) / b.ipg
-	o := (uint64(ino-1) % b.ipg) * disklayout.InodeSize
-	blk := b.itable[g] + o/b.bs
-	return b.metaBlocks(blk, 1)[o%b.bs:][:disklayout.InodeSize]
+func (e *emitter) inodeRecord(ino uint32) []byte {
+	l := e.p.layout
+	g := uint64(ino-1) / l.ipg
+	o := (uint64(ino-1) % l.ipg) * disklayout.InodeSize
+	blk := l.itable[g].start + o/e.bs
+	return e.metaBlocks(blk, 1)[o%e.bs:][:disklayout.InodeSize]
 }
 
-func (b *builder) now() (int64, uint32) {
-	if b.opts.Time.IsZero() {
-		return 0, 0
+// writeContent copies node i's directory or symlink blocks to where they
+// were placed and checksums a directory's blocks there.
+func (e *emitter) writeContent(i int) {
+	c, n := &e.p.content.nodes[i], &e.p.tree.nodes[i]
+	if len(c.data) == 0 {
+		return
 	}
-	return b.opts.Time.Unix(), uint32(b.opts.Time.Nanosecond())
+	seed := disklayout.InodeChecksumSeed(e.p.fsSeed, n.ino, 0)
+	src, k := c.data, 0
+	for _, r := range e.p.layout.nodes[i].metaRuns {
+		dst := e.metaBlocks(r.start, r.n)
+		copy(dst, src[:r.n*e.bs])
+		src = src[r.n*e.bs:]
+		for ; n.typ == index.TypeDir && len(dst) > 0; k++ {
+			blk := dst[:e.bs]
+			switch {
+			case k == 0 && c.dxBlocks > 0:
+				disklayout.SetDxChecksum(blk, disklayout.DxRootCountOffset, seed)
+			case k < c.dxBlocks:
+				disklayout.SetDxChecksum(blk, disklayout.DxNodeCountOffset, seed)
+			default:
+				disklayout.SetDirentTail(blk, seed)
+			}
+			dst = dst[e.bs:]
+		}
+	}
 }
 
-// writeInode encodes a node's inode and its extent tree blocks.
-func (b *builder) writeInode(n *node) {
+// writeInode encodes node i's inode and its extent tree blocks.
+func (e *emitter) writeInode(i int) {
+	n, c, pl := &e.p.tree.nodes[i], &e.p.content.nodes[i], &e.p.layout.nodes[i]
 	var in disklayout.Inode
 	var uid, gid uint32
 	var perm uint32
-	now, nowNs := b.now()
+	now, nowNs := e.p.opts.now()
 	at, mt, ct := index.Timespec{Sec: now, Nsec: nowNs}, index.Timespec{Sec: now, Nsec: nowNs}, index.Timespec{Sec: now, Nsec: nowNs}
-	if e := n.ent; e != nil {
-		uid, gid, perm = e.UID, e.GID, e.Mode
-		at, mt, ct = e.Atime, e.Mtime, e.Ctime
+	if ent := n.ent; ent != nil {
+		uid, gid, perm = ent.UID, ent.GID, ent.Mode
+		at, mt, ct = ent.Atime, ent.Mtime, ent.Ctime
 	} else if n.typ == index.TypeDir {
 		perm = 0o700 // lost+found
 	} else {
@@ -139,17 +222,17 @@ func (b *builder) writeInode(n *node) {
 		if n.ent != nil {
 			size = uint64(n.ent.Size)
 		} else {
-			size = n.dataBlks * b.bs
+			size = pl.dataBlks * e.bs
 		}
 		in.Flags |= disklayout.InodeExtentsFl
 	case index.TypeDir:
 		in.Mode = disklayout.ModeDir
-		size = uint64(len(n.dirData))
+		size = uint64(len(c.data))
 		in.Flags |= disklayout.InodeExtentsFl
 	case index.TypeSymlink:
 		in.Mode = disklayout.ModeSymlink
 		size = uint64(len(n.ent.Linkname))
-		if len(n.dirData) == 0 {
+		if len(c.data) == 0 {
 			copy(in.Block[:], n.ent.Linkname)
 		} else {
 			in.Flags |= disklayout.InodeExtentsFl
@@ -159,16 +242,14 @@ func (b *builder) writeInode(n *node) {
 		if n.typ == index.TypeBlock {
 			in.Mode = disklayout.ModeBlock
 		}
-		w0, w1 := disklayout.EncodeDev(n.ent.Devmajor, n.ent.Devminor)
-		binary.LittleEndian.PutUint32(in.Block[0:], w0)
-		binary.LittleEndian.PutUint32(in.Block[4:], w1)
+		in.SetDevice(n.ent.Devmajor, n.ent.Devminor)
 	case index.TypeFifo:
 		in.Mode = disklayout.ModeFifo
 	case index.TypeSocket:
 		in.Mode = disklayout.ModeSocket
 	}
 	in.Mode |= uint16(perm & 0o7777)
-	in.Flags |= n.flags
+	in.Flags |= c.flags
 	in.UIDLo, in.UIDHi = uint16(uid), uint16(uid>>16)
 	in.GIDLo, in.GIDHi = uint16(gid), uint16(gid>>16)
 	in.SizeLo, in.SizeHi = uint32(size), uint32(size>>32)
@@ -178,204 +259,159 @@ func (b *builder) writeInode(n *node) {
 	in.Crtime, in.CrtimeExtra = in.Ctime, in.CtimeExtra
 	in.LinksCount = uint16(n.nlink)
 	in.ExtraIsize = disklayout.InodeExtraSize
-	owned := n.dataBlks + uint64(len(n.treeBlks))
-	if n.xattrBlk >= 0 {
-		x := b.xblocks[n.xattrBlk].pblk
+	owned := pl.dataBlks + runBlocks(pl.treeRuns)
+	if c.xattrBlk >= 0 {
+		x := e.p.layout.xblocks[c.xattrBlk]
 		in.FileACLLo, in.FileACLHi = uint32(x), uint16(x>>32)
 		owned++
 	}
-	sectors := owned * (b.bs / 512)
+	sectors := owned * (e.bs / 512)
 	in.BlocksLo, in.BlocksHi = uint32(sectors), uint16(sectors>>32)
 	if in.Flags&disklayout.InodeExtentsFl != 0 {
-		b.writeExtentTree(n, in.Block[:])
+		e.writeExtentTree(n.ino, pl, in.Block[:])
 	}
-	rec := b.inodeRecord(n.ino)
+	rec := e.inodeRecord(n.ino)
 	in.Marshal(rec)
-	if n.xattrIn != nil {
-		copy(rec[disklayout.InodeCoreSize+disklayout.InodeExtraSize:], n.xattrIn)
+	if c.xattrIn != nil {
+		copy(rec[disklayout.InodeXattrOffset:], c.xattrIn)
 	}
-	disklayout.SetInodeChecksum(rec, b.fsSeed, n.ino, 0)
+	disklayout.SetInodeChecksum(rec, e.p.fsSeed, n.ino, 0)
+	if int32(i) == e.p.tree.journal {
+		e.journalInode = in
+	}
 }
 
-// writeExtentTree writes the root into iblock (60 bytes) and any leaf and
+// runBlocks is the number of blocks in runs.
+func runBlocks(runs []brange) uint64 {
+	var n uint64
+	for _, r := range runs {
+		n += r.n
+	}
+	return n
+}
+
+// writeExtentTree writes the root into iblock (i_block) and any leaf and
 // index blocks into their planned tree blocks.
-func (b *builder) writeExtentTree(n *node, iblock []byte) {
-	per := disklayout.ExtentsPerBlock(int(b.bs))
-	seed := disklayout.InodeChecksumSeed(b.fsSeed, n.ino, 0)
+func (e *emitter) writeExtentTree(ino uint32, pl *placing, iblock []byte) {
+	per := disklayout.ExtentsPerBlock(int(e.bs))
+	seed := disklayout.InodeChecksumSeed(e.p.fsSeed, ino, 0)
 	type ref struct {
 		lblk uint32
 		pblk uint64
 	}
-	if len(n.exts) <= 4 {
-		h := disklayout.ExtentHeader{Magic: disklayout.ExtentMagic, Entries: uint16(len(n.exts)), Max: 4}
+	if len(pl.exts) <= disklayout.ExtentRootMax {
+		h := disklayout.ExtentHeader{Magic: disklayout.ExtentMagic, Entries: uint16(len(pl.exts)), Max: disklayout.ExtentRootMax}
 		h.Marshal(iblock)
-		for k, e := range n.exts {
-			disklayout.MarshalLeaf(iblock[disklayout.ExtentSize*(k+1):], e.lblk, uint16(e.n), e.pblk)
+		for k, x := range pl.exts {
+			disklayout.MarshalLeaf(disklayout.ExtentEntry(iblock, k), x.lblk, uint16(x.n), x.pblk)
 		}
 		return
 	}
-	tb := n.treeBlks
+	var tb []uint64 // tree blocks in allocation order: leaves, then each index level
+	for _, r := range pl.treeRuns {
+		for k := uint64(0); k < r.n; k++ {
+			tb = append(tb, r.start+k)
+		}
+	}
+	next := func() uint64 {
+		b := tb[0]
+		tb = tb[1:]
+		return b
+	}
 	var level []ref
-	for k := 0; k < len(n.exts); k += per {
-		chunk := n.exts[k:min(k+per, len(n.exts))]
-		blk := b.metaBlocks(tb[0], 1)
+	for k := 0; k < len(pl.exts); k += per {
+		chunk := pl.exts[k:min(k+per, len(pl.exts))]
+		pblk := next()
+		blk := e.metaBlocks(pblk, 1)
 		h := disklayout.ExtentHeader{Magic: disklayout.ExtentMagic, Entries: uint16(len(chunk)), Max: uint16(per)}
 		h.Marshal(blk)
-		for j, e := range chunk {
-			disklayout.MarshalLeaf(blk[disklayout.ExtentSize*(j+1):], e.lblk, uint16(e.n), e.pblk)
+		for j, x := range chunk {
+			disklayout.MarshalLeaf(disklayout.ExtentEntry(blk, j), x.lblk, uint16(x.n), x.pblk)
 		}
 		disklayout.SetExtentBlockChecksum(blk, seed)
-		level = append(level, ref{chunk[0].lblk, tb[0]})
-		tb = tb[1:]
+		level = append(level, ref{chunk[0].lblk, pblk})
 	}
 	depth := uint16(1)
-	for len(level) > 4 {
+	for len(level) > disklayout.ExtentRootMax {
 		var up []ref
 		for k := 0; k < len(level); k += per {
 			chunk := level[k:min(k+per, len(level))]
-			blk := b.metaBlocks(tb[0], 1)
+			pblk := next()
+			blk := e.metaBlocks(pblk, 1)
 			h := disklayout.ExtentHeader{Magic: disklayout.ExtentMagic, Entries: uint16(len(chunk)), Max: uint16(per), Depth: depth}
 			h.Marshal(blk)
 			for j, c := range chunk {
-				disklayout.MarshalIdx(blk[disklayout.ExtentSize*(j+1):], c.lblk, c.pblk)
+				disklayout.MarshalIdx(disklayout.ExtentEntry(blk, j), c.lblk, c.pblk)
 			}
 			disklayout.SetExtentBlockChecksum(blk, seed)
-			up = append(up, ref{chunk[0].lblk, tb[0]})
-			tb = tb[1:]
+			up = append(up, ref{chunk[0].lblk, pblk})
 		}
 		level = up
 		depth++
 	}
-	h := disklayout.ExtentHeader{Magic: disklayout.ExtentMagic, Entries: uint16(len(level)), Max: 4, Depth: depth}
+	h := disklayout.ExtentHeader{Magic: disklayout.ExtentMagic, Entries: uint16(len(level)), Max: disklayout.ExtentRootMax, Depth: depth}
 	h.Marshal(iblock)
 	for k, c := range level {
-		disklayout.MarshalIdx(iblock[disklayout.ExtentSize*(k+1):], c.lblk, c.pblk)
+		disklayout.MarshalIdx(disklayout.ExtentEntry(iblock, k), c.lblk, c.pblk)
 	}
 }
 
-// sharedRange is a run of blocks whose bytes are shared content: the
-// group descriptor table copies and the bitmaps, which on a large image
-// are mostly identical (full data groups, empty inode groups), so each
-// distinct block is stored once.
-type sharedRange struct {
-	r  brange
-	id int // index into builder.sharedData / sharedOff
+// writeReservedInodes writes the reserved inodes other than root and the
+// journal as mkfs leaves them: empty but for i_extra_isize.
+func (e *emitter) writeReservedInodes() {
+	for ino := uint32(1); ino < disklayout.FirstIno; ino++ {
+		if ino == disklayout.RootIno || ino == disklayout.JournalIno && e.p.tree.journal >= 0 {
+			continue
+		}
+		rec := e.inodeRecord(ino)
+		in := disklayout.Inode{ExtraIsize: disklayout.InodeExtraSize}
+		in.Marshal(rec)
+		disklayout.SetInodeChecksum(rec, e.p.fsSeed, ino, 0)
+	}
 }
 
-// intern returns the id of content c, adding a copy if it is new.
-func (b *builder) intern(c []byte) int {
-	if id, ok := b.sharedIDs[string(c)]; ok {
-		return id
+// writeXattrBlocks writes the shared xattr blocks with their reference
+// counts and checksums.
+func (e *emitter) writeXattrBlocks() {
+	for k, x := range e.p.content.xblocks {
+		pblk := e.p.layout.xblocks[k]
+		blk := e.metaBlocks(pblk, 1)
+		copy(blk, x.data)
+		disklayout.SetXattrRefcount(blk, x.refs)
+		disklayout.SetXattrBlockChecksum(blk, e.p.fsSeed, pblk)
 	}
-	id := len(b.sharedData)
-	b.sharedData = append(b.sharedData, bytes.Clone(c))
-	b.sharedIDs[string(c)] = id
-	return id
 }
 
-// planGroups computes the bitmaps, free counts and group descriptors of
-// every group from the finished layout, one group at a time.
-func (b *builder) planGroups() {
-	bs, bpg, ipg := b.bs, b.bs*8, b.ipg
-	resv := 1 + b.gdtBlocks
-	b.shared = b.shared[:0]
-	b.sharedData = nil
-	b.sharedIDs = make(map[string]int)
-	type usedIno struct {
-		ino uint64
-		dir bool
+// writeJournalSuper writes an empty journal's superblock in its first block.
+func (e *emitter) writeJournalSuper() error {
+	p := e.p
+	if p.tree.journal < 0 {
+		return nil
 	}
-	inos := make([]usedIno, 0, len(b.nodes)+disklayout.FirstIno)
-	for ino := uint64(1); ino < disklayout.FirstIno; ino++ {
-		if ino != disklayout.RootIno && !(ino == disklayout.JournalIno && b.journal >= 0) {
-			inos = append(inos, usedIno{ino, false})
-		}
+	js := disklayout.JournalSuperBlock{
+		HeaderMagic: disklayout.JournalMagic, HeaderBlocktype: disklayout.Jbd2SuperblockV2,
+		BlockSize: uint32(e.bs), MaxLen: uint32(p.layout.nodes[p.tree.journal].dataBlks), First: 1, Sequence: 1,
+		UUID: p.uuid, NrUsers: 1,
 	}
-	for i := range b.nodes {
-		inos = append(inos, usedIno{uint64(b.nodes[i].ino), b.nodes[i].typ == index.TypeDir})
+	if err := js.Marshal(e.metaBlocks(p.layout.journal[0].start, 1)); err != nil {
+		return fmt.Errorf("ext4: journal superblock: %w", err)
 	}
-	sort.Slice(inos, func(i, j int) bool { return inos[i].ino < inos[j].ino })
-
-	gdt := make([]byte, b.gdtBlocks*bs)
-	buf := make([]byte, bs)
-	used := b.alloc.used
-	ui, ii := 0, 0
-	b.freeBlocks, b.freeInodes = 0, 0
-	for g := uint64(0); g < b.ngroups; g++ {
-		gstart, gend := g*bpg, min((g+1)*bpg, b.blocks)
-		free := gend - gstart
-		clear(buf)
-		if disklayout.HasSuper(g) {
-			setBits(buf, 0, resv)
-			free -= resv
-		}
-		for ui < len(used) && used[ui].start+used[ui].n <= gstart {
-			ui++
-		}
-		for k := ui; k < len(used) && used[k].start < gend; k++ {
-			s, e := max(used[k].start, gstart), min(used[k].start+used[k].n, gend)
-			setBits(buf, s-gstart, e-s)
-			free -= e - s
-		}
-		if gend-gstart < bpg {
-			setBits(buf, gend-gstart, bpg-(gend-gstart)) // past the end of the disk
-		}
-		bbc := disklayout.BitmapChecksum(b.fsSeed, buf[:bpg/8])
-		b.shared = append(b.shared, sharedRange{brange{b.bbitmap[g], 1}, b.intern(buf)})
-
-		clear(buf)
-		var ifree, dirs, usedMax uint64 = ipg, 0, 0
-		for ; ii < len(inos) && (inos[ii].ino-1)/ipg == g; ii++ {
-			i := (inos[ii].ino - 1) % ipg
-			setBits(buf, i, 1)
-			ifree--
-			usedMax = i + 1
-			if inos[ii].dir {
-				dirs++
-			}
-		}
-		setBits(buf, ipg, bs*8-ipg)
-		ibc := disklayout.BitmapChecksum(b.fsSeed, buf[:ipg/8])
-		b.shared = append(b.shared, sharedRange{brange{b.ibitmap[g], 1}, b.intern(buf)})
-
-		unused := ipg - usedMax
-		gd := disklayout.GroupDesc{
-			BlockBitmapLo: uint32(b.bbitmap[g]), BlockBitmapHi: uint32(b.bbitmap[g] >> 32),
-			InodeBitmapLo: uint32(b.ibitmap[g]), InodeBitmapHi: uint32(b.ibitmap[g] >> 32),
-			InodeTableLo: uint32(b.itable[g]), InodeTableHi: uint32(b.itable[g] >> 32),
-			FreeBlocksCountLo: uint16(free), FreeBlocksCountHi: uint16(free >> 16),
-			FreeInodesCountLo: uint16(ifree), FreeInodesCountHi: uint16(ifree >> 16),
-			UsedDirsCountLo: uint16(dirs), UsedDirsCountHi: uint16(dirs >> 16),
-			ItableUnusedLo: uint16(unused), ItableUnusedHi: uint16(unused >> 16),
-			BlockBitmapCsumLo: uint16(bbc), BlockBitmapCsumHi: uint16(bbc >> 16),
-			InodeBitmapCsumLo: uint16(ibc), InodeBitmapCsumHi: uint16(ibc >> 16),
-			Flags: disklayout.BGItableZeroed,
-		}
-		gd.Marshal(gdt[g*disklayout.GroupDescSize64:], b.fsSeed, uint32(g))
-		b.freeBlocks += free
-		b.freeInodes += ifree
-	}
-	id := b.intern(gdt)
-	b.shared = append(b.shared, sharedRange{brange{1, b.gdtBlocks}, id})
-	for _, s := range b.alloc.backups {
-		b.shared = append(b.shared, sharedRange{brange{s + 1, b.gdtBlocks}, id})
-	}
-	b.sharedIDs = nil
+	return nil
 }
 
 // writeSupers writes the primary superblock and its backups.
-func (b *builder) writeSupers() error {
-	bs, bpg, ipg := b.bs, b.bs*8, b.ipg
-	totalFreeBlocks, totalFreeInodes := b.freeBlocks, b.freeInodes
-	now, _ := b.now()
+func (e *emitter) writeSupers() error {
+	p, l := e.p, e.p.layout
+	now, _ := p.opts.now()
 	t32, thi := uint32(now), uint8(uint64(now)>>32)
+	logBS := uint32(bits.TrailingZeros64(e.bs) - 10)
 	sb := disklayout.SuperBlock{
-		InodesCount:   uint32(ipg * b.ngroups),
-		BlocksCountLo: uint32(b.blocks), BlocksCountHi: uint32(b.blocks >> 32),
-		FreeBlocksCountLo: uint32(totalFreeBlocks), FreeBlocksCountHi: uint32(totalFreeBlocks >> 32),
-		FreeInodesCount: uint32(totalFreeInodes),
-		LogBlockSize:    uint32(bits.TrailingZeros64(bs) - 10), LogClusterSize: uint32(bits.TrailingZeros64(bs) - 10),
-		BlocksPerGroup: uint32(bpg), ClustersPerGroup: uint32(bpg), InodesPerGroup: uint32(ipg),
+		InodesCount:   uint32(l.ipg * l.ngroups),
+		BlocksCountLo: uint32(l.blocks), BlocksCountHi: uint32(l.blocks >> 32),
+		FreeBlocksCountLo: uint32(p.groups.freeBlocks), FreeBlocksCountHi: uint32(p.groups.freeBlocks >> 32),
+		FreeInodesCount: uint32(p.groups.freeInodes),
+		LogBlockSize:    logBS, LogClusterSize: logBS,
+		BlocksPerGroup: uint32(l.bpg), ClustersPerGroup: uint32(l.bpg), InodesPerGroup: uint32(l.ipg),
 		Wtime: t32, WtimeHi: thi, LastCheck: t32, LastCheckHi: thi, MkfsTime: t32, MkfsTimeHi: thi,
 		MaxMntCount:      0xFFFF,
 		Magic:            disklayout.SuperMagic,
@@ -387,8 +423,8 @@ func (b *builder) writeSupers() error {
 		FeatureCompat:    featCompat,
 		FeatureIncompat:  featIncompat,
 		FeatureROCompat:  featROCompat,
-		UUID:             b.uuid,
-		HashSeed:         b.hashSeed,
+		UUID:             p.uuid,
+		HashSeed:         p.hashSeed,
 		DefHashVersion:   disklayout.HashHalfMD4,
 		DescSize:         disklayout.GroupDescSize64,
 		DefaultMountOpts: disklayout.MountOptXattrUser | disklayout.MountOptACL,
@@ -397,21 +433,16 @@ func (b *builder) writeSupers() error {
 		LogGroupsPerFlex: logGroupsPerFlex,
 		ChecksumType:     disklayout.ChecksumCRC32C,
 	}
-	copy(sb.VolumeName[:], b.opts.VolumeName)
-	if b.journal >= 0 {
+	copy(sb.VolumeName[:], p.opts.VolumeName)
+	if p.tree.journal >= 0 {
 		sb.FeatureCompat |= disklayout.CompatHasJournal
 		sb.JournalInum = disklayout.JournalIno
 		sb.JnlBackupType = disklayout.JnlBackupBlocks
-		rec := b.inodeRecord(disklayout.JournalIno)
-		for k := 0; k < 15; k++ {
-			sb.JnlBlocks[k] = binary.LittleEndian.Uint32(rec[0x28+4*k:])
-		}
-		sb.JnlBlocks[15] = binary.LittleEndian.Uint32(rec[0x6C:])
-		sb.JnlBlocks[16] = binary.LittleEndian.Uint32(rec[0x04:])
+		sb.JnlBlocks = e.journalInode.JournalBackup()
 	}
 	write := func(g uint64) error {
 		sb.BlockGroupNr = uint16(g)
-		buf := b.metaBlocks(g*bpg, 1)
+		buf := e.metaBlocks(g*l.bpg, 1)
 		at := 0
 		if g == 0 {
 			at = disklayout.SuperBlockOffset
@@ -424,8 +455,8 @@ func (b *builder) writeSupers() error {
 	if err := write(0); err != nil {
 		return err
 	}
-	for _, s := range b.alloc.backups {
-		if err := write(s / bpg); err != nil {
+	for _, s := range l.backups {
+		if err := write(s / l.bpg); err != nil {
 			return err
 		}
 	}
@@ -446,31 +477,4 @@ func setBits(bm []byte, i, n uint64) {
 		bm[i/8] |= 1 << (i % 8)
 		i, n = i+1, n-1
 	}
-}
-
-// blockMap combines stored, zero and data ranges into the block map.
-func (b *builder) blockMap() (*blockmap.Map, error) {
-	all := make([]blockmap.Extent, 0, len(b.stored)+len(b.shared)+len(b.zero)+len(b.dataExts))
-	for i, r := range b.stored {
-		all = append(all, blockmap.Extent{First: r.start, Count: r.n, Kind: blockmap.Meta,
-			Loc: blockmap.Location{Offset: int64(b.metaOff[i])}, Bytes: r.n * b.bs})
-	}
-	for _, r := range b.shared {
-		all = append(all, blockmap.Extent{First: r.r.start, Count: r.r.n, Kind: blockmap.Meta,
-			Loc: blockmap.Location{Offset: int64(b.sharedOff[r.id])}, Bytes: r.r.n * b.bs})
-	}
-	for _, r := range b.zero {
-		all = append(all, blockmap.Extent{First: r.start, Count: r.n, Kind: blockmap.Zero})
-	}
-	all = append(all, b.dataExts...)
-	sort.Slice(all, func(i, j int) bool { return all[i].First < all[j].First })
-	mb := blockmap.NewBuilder(uint32(b.bs), b.blocks)
-	for _, e := range all {
-		mb.Add(e)
-	}
-	m, err := mb.Map()
-	if err != nil {
-		return nil, fmt.Errorf("ext4: block map: %w", err)
-	}
-	return m, nil
 }

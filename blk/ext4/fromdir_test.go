@@ -9,12 +9,13 @@ import (
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // TestFromDirIndex runs the whole pipeline with the index package's own
 // directory indexer and host opener instead of this package's test walker.
 func TestFromDirIndex(t *testing.T) {
-	requireTool(t, "e2fsck")
+	testenv.Tool(t, "e2fsck", "e2fsprogs")
 	src := t.TempDir()
 	makeTree(t, src, false)
 	idx, err := hostfs.FromDir(context.Background(), src, index.Options{})

@@ -2,39 +2,20 @@ package ext4
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/blk/blockmap"
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
-
-// exportMeta writes only the metadata blocks of img: e2fsck never reads
-// file data, so this checks terabyte images without a terabyte of reads.
-func exportMeta(t testing.TB, img *Image, p string) {
-	t.Helper()
-	f, err := os.Create(p)
-	must(t, err)
-	defer f.Close()
-	must(t, f.Truncate(int64(img.Map.Blocks())*int64(img.Map.BlockSize())))
-	for i := 0; i < img.Map.Len(); i++ {
-		if e := img.Map.At(i); e.Kind == blockmap.Meta {
-			b := make([]byte, e.Bytes)
-			_, err := img.Meta().ReadAt(b, e.Loc.Offset)
-			must(t, err)
-			_, err = f.WriteAt(b, int64(e.First)*int64(img.Map.BlockSize()))
-			must(t, err)
-		}
-	}
-}
 
 // TestTerabyteFile maps a 1 TiB file: 8 000 groups, extents split around
 // every backup superblock, a depth-2 extent tree, and bitmaps that must be
 // stored once per distinct content to keep the metadata small.
 func TestTerabyteFile(t *testing.T) {
-	requireTool(t, "e2fsck")
+	testenv.Tool(t, "e2fsck", "e2fsprogs")
 	idx := &index.Index{Sources: []index.Source{{Kind: index.SourceBlob, ID: "sha256:00"}}, Entries: []index.Entry{
 		{Path: ".", Type: index.TypeDir, Mode: 0o755},
 		{Path: "huge", Type: index.TypeRegular, Mode: 0o644, Size: 1<<40 + 1},

@@ -8,9 +8,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 
 	"github.com/kata-fsx/kata-fsx/blk/blockmap"
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/rawimage"
 )
 
 // Files of a persisted image directory.
@@ -53,8 +55,17 @@ type Image struct {
 	closer   io.Closer
 }
 
+// The run-time reader serves an Image without knowing its format.
+var _ rawimage.Image = (*Image)(nil)
+
 // Meta gives access to the metadata file; Meta extents' offsets point into it.
 func (img *Image) Meta() io.ReaderAt { return img.meta }
+
+// BlockMap is img.Map, for readers that take any synthesized image.
+func (img *Image) BlockMap() *blockmap.Map { return img.Map }
+
+// Sources is the index's source table, which Data extents' Source ids index.
+func (img *Image) Sources() []index.Source { return img.Manifest.Sources }
 
 // MetaSize is the size of the metadata file in bytes.
 func (img *Image) MetaSize() int64 { return img.metaSize }
@@ -67,34 +78,65 @@ func (img *Image) Close() error {
 	return nil
 }
 
-func (b *builder) image() (*Image, error) {
-	m, err := b.blockMap()
+// newImage is the image a plan and its emitted metadata make: the block
+// map and the manifest.
+func newImage(p *plan, md *metadata) (*Image, error) {
+	l := p.layout
+	m, err := blockMap(p, md)
 	if err != nil {
 		return nil, err
 	}
 	var dataBytes uint64
-	for _, e := range b.dataExts {
+	for _, e := range l.dataExts {
 		dataBytes += e.Bytes
 	}
-	used := uint64(len(b.nodes)) + 9 // nodes plus reserved inodes 1..10 but root
-	if b.journal >= 0 {
+	used := uint64(len(p.tree.nodes)) + 9 // nodes plus reserved inodes 1..10 but root
+	if p.tree.journal >= 0 {
 		used--
 	}
-	u := b.uuid
-	now, _ := b.now()
+	u := p.uuid
+	now, _ := p.opts.now()
 	mf := Manifest{
-		Format: formatV1, BlockSize: uint32(b.bs), Blocks: b.blocks, SizeBytes: b.blocks * b.bs,
-		Inodes: b.ipg * b.ngroups, UsedInodes: used, Groups: b.ngroups,
+		Format: formatV1, BlockSize: uint32(l.bs), Blocks: l.blocks, SizeBytes: l.blocks * l.bs,
+		Inodes: l.ipg * l.ngroups, UsedInodes: used, Groups: l.ngroups,
 		UUID:      fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16]),
 		Features:  []string{"ext_attr", "dir_index", "filetype", "extent", "64bit", "flex_bg", "sparse_super", "large_file", "huge_file", "dir_nlink", "extra_isize", "metadata_csum"},
-		BuildTime: now, MetaBytes: uint64(len(b.meta)), DataBytes: dataBytes,
-		Extents: m.Len(), Counts: b.counts, Sources: b.idx.Sources,
+		BuildTime: now, MetaBytes: uint64(len(md.bytes)), DataBytes: dataBytes,
+		Extents: m.Len(), Counts: p.tree.counts, Sources: p.idx.Sources,
 	}
-	if b.journal >= 0 {
+	if p.tree.journal >= 0 {
 		mf.Features = append([]string{"has_journal"}, mf.Features...)
-		mf.Journal = b.nodes[b.journal].dataBlks * b.bs
+		mf.Journal = l.nodes[p.tree.journal].dataBlks * l.bs
 	}
-	return &Image{Manifest: mf, Map: m, meta: bytes.NewReader(b.meta), metaSize: int64(len(b.meta))}, nil
+	return &Image{Manifest: mf, Map: m, meta: bytes.NewReader(md.bytes), metaSize: int64(len(md.bytes))}, nil
+}
+
+// blockMap combines stored, shared, zero and data ranges into the block map.
+func blockMap(p *plan, md *metadata) (*blockmap.Map, error) {
+	l := p.layout
+	all := make([]blockmap.Extent, 0, len(p.stored)+len(md.shared)+len(p.zero)+len(l.dataExts))
+	for i, r := range p.stored {
+		all = append(all, blockmap.Extent{First: r.start, Count: r.n, Kind: blockmap.Meta,
+			Loc: blockmap.Location{Offset: int64(md.storedOff[i])}, Bytes: r.n * l.bs})
+	}
+	for _, r := range md.shared {
+		all = append(all, blockmap.Extent{First: r.r.start, Count: r.r.n, Kind: blockmap.Meta,
+			Loc: blockmap.Location{Offset: int64(md.sharedOff[r.id])}, Bytes: r.r.n * l.bs})
+	}
+	for _, r := range p.zero {
+		all = append(all, blockmap.Extent{First: r.start, Count: r.n, Kind: blockmap.Zero})
+	}
+	all = append(all, l.dataExts...)
+	sort.Slice(all, func(i, j int) bool { return all[i].First < all[j].First })
+	mb := blockmap.NewBuilder(uint32(l.bs), l.blocks)
+	for _, e := range all {
+		mb.Add(e)
+	}
+	m, err := mb.Map()
+	if err != nil {
+		return nil, fmt.Errorf("ext4: block map: %w", err)
+	}
+	return m, nil
 }
 
 // WriteTo persists the image into dir (created if missing): the metadata
@@ -206,7 +248,7 @@ func Export(ctx context.Context, img *Image, opener index.Opener, out *os.File) 
 	if err := out.Truncate(int64(m.Blocks() * bs)); err != nil {
 		return fmt.Errorf("ext4: export: %w", err)
 	}
-	d := NewDisk(img, opener)
+	d := rawimage.New(img, opener)
 	defer d.Close()
 	buf := make([]byte, 1<<20)
 	for i := 0; i < m.Len(); i++ {

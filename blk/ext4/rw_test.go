@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // TestReadWriteMount mounts an exported image read-write, as the guest
@@ -16,17 +18,16 @@ import (
 // bitmaps, uninitialised inode table space and htrees all have to be right
 // for that.
 func TestReadWriteMount(t *testing.T) {
-	requireTool(t, "e2fsck")
-	if os.Geteuid() != 0 {
-		t.Skip("loop mount needs root")
-	}
+	testenv.Tool(t, "e2fsck", "e2fsprogs")
+	testenv.Root(t, "a loop mount")
+	testenv.Tool(t, "mount", "mount")
 	src := t.TempDir()
 	makeTree(t, src, false)
 	idx := indexDir(t, src)
 	_, raw := buildExport(t, idx, Options{Time: time.Unix(testTime, 0), WritableSize: 256 << 20}, t.TempDir())
 	mnt := t.TempDir()
 	if out, err := exec.Command("mount", "-t", "ext4", "-o", "loop", raw, mnt).CombinedOutput(); err != nil {
-		t.Skipf("loop mount unavailable: %v: %s", err, out)
+		t.Fatalf("loop mount: %v: %s", err, out)
 	}
 	mounted := true
 	defer func() {

@@ -383,7 +383,7 @@ func (d *Device) ReadAt(p []byte, off int64) (int, error) {
 }
 
 // VectorReader is a reader that fills scattered buffers in one call; a
-// base that implements it (*ext4.Disk does) gets ReadVecAt's runs whole.
+// base that implements it (*rawimage.Disk does) gets ReadVecAt's runs whole.
 type VectorReader interface {
 	// ReadVecAt fills bufs, in order, with the bytes at off.
 	ReadVecAt(bufs [][]byte, off int64) (int, error)

@@ -48,10 +48,25 @@ type DxTail struct {
 	Checksum uint32 // dt_checksum
 }
 
-// Byte offsets of the count/limit header in htree blocks.
+// Byte offsets inside directory blocks and records.
 const (
-	DxRootCountOffset = 12 + 12 + DxRootInfoSize // after ".", ".." and dx_root_info
-	DxNodeCountOffset = DirentHeaderSize         // after the empty fake dirent
+	// DotDirentSize is the rec_len of the "." entry, and of ".." when
+	// entries follow it: RecLen of a 1- or 2-byte name.
+	DotDirentSize = 12
+	// DxRootInfoOffset is where dx_root_info starts in an htree root,
+	// after the "." and ".." entries.
+	DxRootInfoOffset = 2 * DotDirentSize
+	// DxRootCountOffset is where dx_countlimit starts in an htree root.
+	DxRootCountOffset = DxRootInfoOffset + DxRootInfoSize
+	// DxNodeCountOffset is where dx_countlimit starts in an interior htree
+	// block, after the empty dirent that spans the block.
+	DxNodeCountOffset = DirentHeaderSize
+
+	direntRecLenOffset   = 4 // ext4_dir_entry_2.rec_len
+	direntTailCsumOffset = 8 // ext4_dir_entry_tail.det_checksum
+	dxCountOffset        = 2 // dx_countlimit.count
+	dxEntryBlockOffset   = 4 // dx_entry.block
+	dxTailChecksumOffset = 4 // dx_tail.dt_checksum
 )
 
 // DxRootLimit is the number of dx_entry slots of a root block with the
@@ -66,28 +81,74 @@ func DxNodeLimit(blockSize int) int {
 	return (blockSize-DxNodeCountOffset)/DxEntrySize - 1
 }
 
+// Marshal encodes d into b (at least DirentHeaderSize bytes).
+func (d *Dirent) Marshal(b []byte) {
+	_ = b[DirentHeaderSize-1]
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], d.Inode)
+	le.PutUint16(b[direntRecLenOffset:], d.RecLen)
+	b[6] = d.NameLen
+	b[7] = d.FileType
+}
+
 // PutDirent encodes a directory entry with its name at b and returns the
 // bytes it occupies (recLen).
 func PutDirent(b []byte, ino uint32, recLen int, ft uint8, name string) int {
-	le := binary.LittleEndian
-	le.PutUint32(b[0:], ino)
-	le.PutUint16(b[4:], uint16(recLen))
-	b[6] = uint8(len(name))
-	b[7] = ft
-	copy(b[8:], name)
+	d := Dirent{Inode: ino, RecLen: uint16(recLen), NameLen: uint8(len(name)), FileType: ft}
+	d.Marshal(b)
+	copy(b[DirentHeaderSize:], name)
 	return recLen
+}
+
+// SetDirentRecLen changes the rec_len of the entry at b, as the last entry
+// of a block is stretched to the block's end.
+func SetDirentRecLen(b []byte, recLen int) {
+	binary.LittleEndian.PutUint16(b[direntRecLenOffset:], uint16(recLen))
+}
+
+// Marshal encodes t into b (at least DirentTailSize bytes).
+func (t *DirentTail) Marshal(b []byte) {
+	_ = b[DirentTailSize-1]
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], t.ReservedZero1)
+	le.PutUint16(b[4:], t.RecLen)
+	b[6] = t.ReservedZero2
+	b[7] = t.ReservedFt
+	le.PutUint32(b[direntTailCsumOffset:], t.Checksum)
 }
 
 // SetDirentTail writes the checksum tail at the end of a leaf block:
 // crc32c(inode seed, block without the tail).
 func SetDirentTail(blk []byte, inodeSeed uint32) {
-	t := blk[len(blk)-DirentTailSize:]
+	body := len(blk) - DirentTailSize
+	t := DirentTail{RecLen: DirentTailSize, ReservedFt: DirentTailType, Checksum: CRC32C(inodeSeed, blk[:body])}
+	t.Marshal(blk[body:])
+}
+
+// Marshal encodes r into b (at least DxRootInfoSize bytes).
+func (r *DxRootInfo) Marshal(b []byte) {
+	_ = b[DxRootInfoSize-1]
+	binary.LittleEndian.PutUint32(b[0:], r.ReservedZero)
+	b[4] = r.HashVersion
+	b[5] = r.InfoLength
+	b[6] = r.IndirectLevels
+	b[7] = r.UnusedFlags
+}
+
+// PutDxEntries writes the dx_countlimit at countOffset of an htree block
+// and the entries mapping hashes[k] to blocks[k]. The first entry's hash
+// slot holds the count and limit, so hashes[0] is implied (0) and unused.
+func PutDxEntries(blk []byte, countOffset, limit int, hashes, blocks []uint32) {
 	le := binary.LittleEndian
-	le.PutUint32(t[0:], 0)
-	le.PutUint16(t[4:], DirentTailSize)
-	t[6] = 0
-	t[7] = DirentTailType
-	le.PutUint32(t[8:], CRC32C(inodeSeed, blk[:len(blk)-DirentTailSize]))
+	b := blk[countOffset:]
+	le.PutUint16(b, uint16(limit))
+	le.PutUint16(b[dxCountOffset:], uint16(len(hashes)))
+	le.PutUint32(b[dxEntryBlockOffset:], blocks[0])
+	for k := 1; k < len(hashes); k++ {
+		e := b[k*DxEntrySize:]
+		le.PutUint32(e, hashes[k])
+		le.PutUint32(e[dxEntryBlockOffset:], blocks[k])
+	}
 }
 
 // SetDxChecksum writes the dx_tail of an htree block whose count/limit
@@ -96,10 +157,10 @@ func SetDirentTail(blk []byte, inodeSeed uint32) {
 func SetDxChecksum(blk []byte, countOffset int, inodeSeed uint32) {
 	le := binary.LittleEndian
 	limit := int(le.Uint16(blk[countOffset:]))
-	count := int(le.Uint16(blk[countOffset+2:]))
+	count := int(le.Uint16(blk[countOffset+dxCountOffset:]))
 	t := countOffset + limit*DxEntrySize
 	c := CRC32C(inodeSeed, blk[:countOffset+count*DxEntrySize])
-	c = CRC32C(c, blk[t:t+4])
+	c = CRC32C(c, blk[t:t+dxTailChecksumOffset])
 	c = CRC32C(c, []byte{0, 0, 0, 0})
-	le.PutUint32(blk[t+4:], c)
+	le.PutUint32(blk[t+dxTailChecksumOffset:], c)
 }

@@ -32,16 +32,31 @@ type ExtentTail struct {
 	Checksum uint32 // et_checksum
 }
 
+// ExtentRootMax is eh_max of the tree root kept in an inode's i_block.
+const ExtentRootMax = (InodeBlockSize - ExtentSize) / ExtentSize
+
+// extentMaxOffset is where eh_max lives in the extent header.
+const extentMaxOffset = 4
+
+// ExtentEntry returns the k-th entry (leaf or index) of the tree node that
+// starts at node: entries follow the header.
+func ExtentEntry(node []byte, k int) []byte {
+	return node[ExtentSize*(1+k):][:ExtentSize]
+}
+
 // Marshal encodes h into b.
 func (h *ExtentHeader) Marshal(b []byte) {
 	_ = b[ExtentSize-1]
 	le := binary.LittleEndian
 	le.PutUint16(b[0:], h.Magic)
 	le.PutUint16(b[2:], h.Entries)
-	le.PutUint16(b[4:], h.Max)
+	le.PutUint16(b[extentMaxOffset:], h.Max)
 	le.PutUint16(b[6:], h.Depth)
 	le.PutUint32(b[8:], h.Generation)
 }
+
+// Start is the first physical block of e.
+func (e *Extent) Start() uint64 { return uint64(e.StartHi)<<32 | uint64(e.StartLo) }
 
 // MarshalLeaf encodes a leaf entry mapping logical block lblk to physical
 // block pblk for n blocks.
@@ -74,7 +89,7 @@ func ExtentsPerBlock(blockSize int) int {
 // SetExtentBlockChecksum stores the checksum of a tree block whose header
 // says eh_max entries: crc32c(inode seed, header and eh_max entries).
 func SetExtentBlockChecksum(blk []byte, inodeSeed uint32) {
-	max := int(binary.LittleEndian.Uint16(blk[4:]))
+	max := int(binary.LittleEndian.Uint16(blk[extentMaxOffset:]))
 	end := ExtentSize * (1 + max)
 	binary.LittleEndian.PutUint32(blk[end:], CRC32C(inodeSeed, blk[:end]))
 }

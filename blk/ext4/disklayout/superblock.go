@@ -142,6 +142,16 @@ func (sb *SuperBlock) Unmarshal(b []byte) error {
 	return nil
 }
 
+// HashSeedWords is s_hash_seed holding a 16-byte seed (a UUID, as mkfs
+// makes it) in its on-disk word order.
+func HashSeedWords(seed [16]byte) [4]uint32 {
+	var w [4]uint32
+	for i := range w {
+		w[i] = binary.LittleEndian.Uint32(seed[4*i:])
+	}
+	return w
+}
+
 // GroupDesc is struct ext4_group_desc in its 64-byte (64bit feature) form.
 type GroupDesc struct {
 	BlockBitmapLo     uint32 // bg_block_bitmap_lo

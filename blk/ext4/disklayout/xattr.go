@@ -31,8 +31,47 @@ type XattrIbodyHeader struct {
 	Magic uint32 // h_magic
 }
 
-// xattrChecksumOffset is where h_checksum lives in an xattr block.
-const xattrChecksumOffset = 0x10
+// Offsets of the xattr block header fields patched in place.
+const (
+	xattrRefcountOffset = 0x04 // h_refcount
+	xattrChecksumOffset = 0x10 // h_checksum
+)
+
+// SetXattrRefcount stores h_refcount, the number of inodes sharing the
+// xattr block blk.
+func SetXattrRefcount(blk []byte, refs uint32) {
+	binary.LittleEndian.PutUint32(blk[xattrRefcountOffset:], refs)
+}
+
+// Marshal encodes h into b (at least XattrHeaderSize bytes).
+func (h *XattrHeader) Marshal(b []byte) {
+	_ = b[XattrHeaderSize-1]
+	le := binary.LittleEndian
+	le.PutUint32(b[0x00:], h.Magic)
+	le.PutUint32(b[xattrRefcountOffset:], h.Refcount)
+	le.PutUint32(b[0x08:], h.Blocks)
+	le.PutUint32(b[0x0C:], h.Hash)
+	le.PutUint32(b[xattrChecksumOffset:], h.Checksum)
+	clear(b[0x14:XattrHeaderSize])
+}
+
+// Marshal encodes e into b (at least XattrEntrySize bytes); the name
+// follows it.
+func (e *XattrEntry) Marshal(b []byte) {
+	_ = b[XattrEntrySize-1]
+	le := binary.LittleEndian
+	b[0] = e.NameLen
+	b[1] = e.NameIndex
+	le.PutUint16(b[2:], e.ValueOffs)
+	le.PutUint32(b[4:], e.ValueInum)
+	le.PutUint32(b[8:], e.ValueSize)
+	le.PutUint32(b[12:], e.Hash)
+}
+
+// Marshal encodes h into b (at least XattrIbodySize bytes).
+func (h *XattrIbodyHeader) Marshal(b []byte) {
+	binary.LittleEndian.PutUint32(b[:XattrIbodySize], h.Magic)
+}
 
 // xattrPrefixes maps name prefixes to name indexes; full-name entries
 // (posix ACLs) come first so they win over "system.".

@@ -1,4 +1,10 @@
-package ext4
+// Package rawimage serves the raw bytes of a synthesized disk image: its
+// block map says which blocks are stored in the metadata file, which live
+// in content sources opened through an index.Opener, and which read as
+// zeros. It is named for what it serves, not for ext4: it never parses the
+// filesystem, so the format package stays free of run-time I/O and any
+// format that produces a block map and a metadata file can be served.
+package rawimage
 
 import (
 	"errors"
@@ -16,13 +22,25 @@ import (
 // maxOpenSources bounds the content files a Disk keeps open.
 const maxOpenSources = 256
 
+// Image is a synthesized image as a Disk reads it; *ext4.Image is one.
+type Image interface {
+	// BlockMap says where each block's bytes come from.
+	BlockMap() *blockmap.Map
+	// Meta holds the bytes of the map's Meta extents.
+	Meta() io.ReaderAt
+	// Sources is the table the Source ids of Data extents index.
+	Sources() []index.Source
+}
+
 // Disk serves the raw bytes of an image: metadata blocks from the metadata
 // file, data blocks through an index.Opener, zeros elsewhere. It is safe
 // for concurrent use; the block device reads through it.
 type Disk struct {
-	img    *Image
-	opener index.Opener
-	size   int64
+	m       *blockmap.Map
+	meta    io.ReaderAt
+	sources []index.Source
+	opener  index.Opener
+	size    int64
 
 	iovs sync.Pool // *[]unix.Iovec, for ReadVecAt
 
@@ -46,12 +64,13 @@ type openSource struct {
 
 // ErrShortSource reports a content source with fewer bytes than the index
 // promised, so the image can no longer be served faithfully.
-var ErrShortSource = errors.New("ext4: content source shorter than indexed")
+var ErrShortSource = errors.New("rawimage: content source shorter than indexed")
 
-// NewDisk returns a reader over img's raw filesystem.
-func NewDisk(img *Image, opener index.Opener) *Disk {
-	bs := int64(img.Map.BlockSize())
-	d := &Disk{img: img, opener: opener, size: int64(img.Map.Blocks()) * bs, open: make(map[sourceKey]*openSource)}
+// New returns a reader over img's raw bytes that opens content through opener.
+func New(img Image, opener index.Opener) *Disk {
+	m := img.BlockMap()
+	d := &Disk{m: m, meta: img.Meta(), sources: img.Sources(), opener: opener,
+		size: int64(m.Blocks()) * int64(m.BlockSize()), open: make(map[sourceKey]*openSource)}
 	d.iovs.New = func() any { v := make([]unix.Iovec, 0, 64); return &v }
 	return d
 }
@@ -69,7 +88,7 @@ func (d *Disk) ReadAt(p []byte, off int64) (int, error) {
 // content source (acquired: hand s to release when done).
 func (d *Disk) reader(kind blockmap.Kind, loc blockmap.Location) (r io.ReaderAt, s *openSource, err error) {
 	if kind == blockmap.Meta {
-		return d.img.meta, nil, nil
+		return d.meta, nil, nil
 	}
 	s, err = d.acquire(sourceKey{loc.Source, loc.Path})
 	if err != nil {
@@ -83,7 +102,7 @@ func shortRead(loc blockmap.Location, off, got, want int64, err error) error {
 	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return fmt.Errorf("%w: %s at %d: got %d of %d bytes", ErrShortSource, loc.Path, off, got, want)
 	}
-	return fmt.Errorf("ext4: read %s: %w", loc.Path, err)
+	return fmt.Errorf("rawimage: read %s: %w", loc.Path, err)
 }
 
 // ReadVecAt fills bufs, in order, with the disk's bytes at off, as ReadAt
@@ -92,13 +111,13 @@ func shortRead(loc blockmap.Location, off, got, want int64, err error) error {
 // per page.
 func (d *Disk) ReadVecAt(bufs [][]byte, off int64) (int, error) {
 	if off < 0 {
-		return 0, fmt.Errorf("ext4: negative offset %d", off)
+		return 0, fmt.Errorf("rawimage: negative offset %d", off)
 	}
 	var total int64
 	for _, b := range bufs {
 		total += int64(len(b))
 	}
-	bs := int64(d.img.Map.BlockSize())
+	bs := int64(d.m.BlockSize())
 	src := iovec.NewCursor(bufs)
 	var done int64
 	for done < total {
@@ -106,7 +125,7 @@ func (d *Disk) ReadVecAt(bufs [][]byte, off int64) (int, error) {
 		if pos >= d.size {
 			return int(done), io.EOF
 		}
-		kind, loc, ext := d.img.Map.Lookup(uint64(pos / bs))
+		kind, loc, ext := d.m.Lookup(uint64(pos / bs))
 		start := int64(ext.First) * bs
 		n := min(total-done, int64(ext.First+ext.Count)*bs-pos)
 		if err := d.readExtentVec(kind, loc, ext, pos-start, n, &src); err != nil {
@@ -171,19 +190,19 @@ func (d *Disk) acquire(k sourceKey) (*openSource, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return nil, errors.New("ext4: disk closed")
+		return nil, errors.New("rawimage: disk closed")
 	}
 	if s := d.open[k]; s != nil {
 		s.refs++
 		return s, nil
 	}
-	srcs := d.img.Manifest.Sources
+	srcs := d.sources
 	if int(k.src) >= len(srcs) {
-		return nil, fmt.Errorf("ext4: block map names source %d of %d", k.src, len(srcs))
+		return nil, fmt.Errorf("rawimage: block map names source %d of %d", k.src, len(srcs))
 	}
 	r, err := d.opener.Open(srcs[k.src], k.path)
 	if err != nil {
-		return nil, fmt.Errorf("ext4: open %s: %w", k.path, err)
+		return nil, fmt.Errorf("rawimage: open %s: %w", k.path, err)
 	}
 	s := &openSource{r: r, refs: 1}
 	d.open[k] = s
