@@ -3,6 +3,8 @@ package virtq
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kata-fsx/kata-fsx/blk/virtq/internal/ring"
 )
 
 // Descriptor and ring flags (virtio 1.2 section 2.7).
@@ -91,15 +93,15 @@ func New(mem *Memory, c Config) (*Queue, error) {
 		return nil, fmt.Errorf("virtq: misaligned rings: desc %#x avail %#x used %#x", c.DescAddr, c.AvailAddr, c.UsedAddr)
 	}
 	n := uint64(c.Size)
-	availLen := availHeader + 2*n
-	usedLen := usedHeader + usedElemSize*n
+	availLen := ring.AvailHeader + 2*n
+	usedLen := ring.UsedHeader + ring.UsedElemSize*n
 	if c.EventIdx {
-		availLen += 2
-		usedLen += 2
+		availLen += ring.EventSize
+		usedLen += ring.EventSize
 	}
 	q := &Queue{mem: mem, size: c.Size, lastAvail: c.LastAvail, eventIdx: c.EventIdx}
 	var err error
-	if q.desc, err = mem.Range(c.DescAddr, descSize*n); err != nil {
+	if q.desc, err = mem.Range(c.DescAddr, ring.DescSize*n); err != nil {
 		return nil, fmt.Errorf("virtq: descriptor table: %w", err)
 	}
 	if q.avail, err = mem.Range(c.AvailAddr, availLen); err != nil {
@@ -108,7 +110,7 @@ func New(mem *Memory, c Config) (*Queue, error) {
 	if q.used, err = mem.Range(c.UsedAddr, usedLen); err != nil {
 		return nil, fmt.Errorf("virtq: used ring: %w", err)
 	}
-	q.nextUsed = usedIdx(q.used)
+	q.nextUsed = ring.UsedIdx(q.used)
 	return q, nil
 }
 
@@ -136,7 +138,7 @@ func (q *Queue) Pop(c *Chain) (bool, error) {
 	if q.broken {
 		return false, ErrBroken
 	}
-	idx := availIdx(q.avail)
+	idx := ring.AvailIdx(q.avail)
 	pending := idx - q.lastAvail
 	if pending == 0 {
 		return false, nil
@@ -144,7 +146,7 @@ func (q *Queue) Pop(c *Chain) (bool, error) {
 	if pending > q.size {
 		return false, q.breakf("available index %d is %d entries ahead of %d, queue size %d", idx, pending, q.lastAvail, q.size)
 	}
-	head := availEntry(q.avail, q.lastAvail&(q.size-1))
+	head := ring.AvailEntry(q.avail, q.lastAvail&(q.size-1))
 	if head >= q.size {
 		return false, q.breakf("head index %d out of range (size %d)", head, q.size)
 	}
@@ -170,58 +172,58 @@ func (q *Queue) walk(c *Chain, head uint16) error {
 			return errors.New("chain longer than its table (loop?)")
 		}
 		ttl--
-		d := readDesc(table, uint16(idx))
-		if d.flags&DescFIndirect != 0 {
+		d := ring.ReadDesc(table, uint16(idx))
+		if d.Flags&DescFIndirect != 0 {
 			if indirect {
 				return errors.New("nested indirect descriptor")
 			}
-			if d.flags&DescFNext != 0 {
+			if d.Flags&DescFNext != 0 {
 				return errors.New("indirect descriptor with NEXT")
 			}
-			if d.len == 0 || d.len%descSize != 0 {
-				return fmt.Errorf("indirect table length %d is not a nonzero multiple of %d", d.len, descSize)
+			if d.Len == 0 || d.Len%ring.DescSize != 0 {
+				return fmt.Errorf("indirect table length %d is not a nonzero multiple of %d", d.Len, ring.DescSize)
 			}
-			if d.addr%descSize != 0 {
-				return fmt.Errorf("indirect table at %#x is not %d-byte aligned", d.addr, descSize)
+			if d.Addr%ring.DescSize != 0 {
+				return fmt.Errorf("indirect table at %#x is not %d-byte aligned", d.Addr, ring.DescSize)
 			}
-			n := d.len / descSize
+			n := d.Len / ring.DescSize
 			if n > uint32(q.size) {
 				return fmt.Errorf("indirect table of %d descriptors exceeds queue size %d", n, q.size)
 			}
-			t, err := q.mem.Range(d.addr, uint64(d.len))
+			t, err := q.mem.Range(d.Addr, uint64(d.Len))
 			if err != nil {
 				return fmt.Errorf("indirect table: %w", err)
 			}
 			table, tableLen, idx, ttl, indirect = t, n, 0, n, true
 			continue
 		}
-		total += uint64(d.len)
+		total += uint64(d.Len)
 		if total > 0xffffffff {
 			return errors.New("chain length exceeds 4 GiB")
 		}
 		var err error
-		if d.flags&DescFWrite != 0 {
+		if d.Flags&DescFWrite != 0 {
 			seenWrite = true
-			c.Writable, err = q.mem.AppendBuffers(c.Writable, d.addr, uint64(d.len))
-			c.WriteLen += d.len
+			c.Writable, err = q.mem.AppendBuffers(c.Writable, d.Addr, uint64(d.Len))
+			c.WriteLen += d.Len
 		} else {
 			if seenWrite {
 				return errors.New("device-readable descriptor after a writable one")
 			}
-			c.Readable, err = q.mem.AppendBuffers(c.Readable, d.addr, uint64(d.len))
-			c.ReadLen += d.len
+			c.Readable, err = q.mem.AppendBuffers(c.Readable, d.Addr, uint64(d.Len))
+			c.ReadLen += d.Len
 		}
 		if err != nil {
 			return fmt.Errorf("descriptor %d: %w", idx, err)
 		}
 		c.Descriptors++
-		if d.flags&DescFNext == 0 {
+		if d.Flags&DescFNext == 0 {
 			return nil
 		}
-		if uint32(d.next) >= tableLen {
-			return fmt.Errorf("next index %d out of range (table of %d)", d.next, tableLen)
+		if uint32(d.Next) >= tableLen {
+			return fmt.Errorf("next index %d out of range (table of %d)", d.Next, tableLen)
 		}
-		idx = uint32(d.next)
+		idx = uint32(d.Next)
 	}
 }
 
@@ -234,9 +236,9 @@ func (q *Queue) PushUsed(head uint16, n uint32) error {
 	if head >= q.size {
 		return q.breakf("used head %d out of range (size %d)", head, q.size)
 	}
-	writeUsedElem(q.used, q.nextUsed&(q.size-1), uint32(head), n)
+	ring.PutUsedElem(q.used, q.nextUsed&(q.size-1), uint32(head), n)
 	q.nextUsed++
-	setUsedIdx(q.used, q.nextUsed)
+	ring.SetUsedIdx(q.used, q.nextUsed)
 	return nil
 }
 
@@ -247,12 +249,12 @@ func (q *Queue) NeedsNotification() bool {
 	valid := q.signalledValid
 	q.signalled, q.signalledValid = newIdx, true
 	if !q.eventIdx {
-		return newIdx != old && availFlags(q.avail)&AvailFNoInterrupt == 0
+		return newIdx != old && ring.AvailFlags(q.avail)&AvailFNoInterrupt == 0
 	}
 	if !valid {
 		return true
 	}
-	return needEvent(usedEvent(q.avail, q.size), newIdx, old)
+	return needEvent(ring.UsedEvent(q.avail, q.size), newIdx, old)
 }
 
 // needEvent is vring_need_event: notify if used_event lies in (old, new],
@@ -265,7 +267,7 @@ func needEvent(event, newIdx, old uint16) bool {
 // it, the stale avail_event already suppresses kicks).
 func (q *Queue) DisableNotification() {
 	if !q.eventIdx {
-		setUsedFlags(q.used, usedFlags(q.used)|UsedFNoNotify)
+		ring.SetUsedFlags(q.used, ring.UsedFlags(q.used)|UsedFNoNotify)
 	}
 }
 
@@ -277,9 +279,9 @@ func (q *Queue) EnableNotification() bool {
 		return false
 	}
 	if q.eventIdx {
-		setAvailEvent(q.used, q.size, q.lastAvail)
+		ring.SetAvailEvent(q.used, q.size, q.lastAvail)
 	} else {
-		setUsedFlags(q.used, usedFlags(q.used)&^UsedFNoNotify)
+		ring.SetUsedFlags(q.used, ring.UsedFlags(q.used)&^UsedFNoNotify)
 	}
-	return availIdx(q.avail) != q.lastAvail
+	return ring.AvailIdx(q.avail) != q.lastAvail
 }

@@ -5,12 +5,10 @@
 package testdriver
 
 import (
-	"encoding/binary"
 	"fmt"
-	"sync/atomic"
-	"unsafe"
 
 	"github.com/kata-fsx/kata-fsx/blk/virtq"
+	"github.com/kata-fsx/kata-fsx/blk/virtq/internal/ring"
 )
 
 // Buf is one buffer of a chain the driver submits.
@@ -28,9 +26,9 @@ type Buf struct {
 // avail_event) and the first address after them.
 func Layout(base uint64, size uint16) (desc, avail, used, end uint64) {
 	desc = (base + 15) &^ 15
-	avail = desc + 16*uint64(size)
-	used = (avail + 6 + 2*uint64(size) + 3) &^ 3
-	end = used + 6 + 8*uint64(size)
+	avail = desc + ring.DescSize*uint64(size)
+	used = (avail + ring.AvailLen(size) + 3) &^ 3
+	end = used + ring.UsedLen(size)
 	return desc, avail, used, end
 }
 
@@ -40,6 +38,8 @@ type Driver struct {
 	Size                          uint16
 	DescAddr, AvailAddr, UsedAddr uint64
 
+	avail, used []byte // the rings, including used_event and avail_event
+
 	nextDesc uint16
 	availIdx uint16
 	lastUsed uint16
@@ -48,9 +48,11 @@ type Driver struct {
 // New zeroes the rings at the given addresses and returns a driver for them.
 func New(mem *virtq.Memory, size uint16, desc, avail, used uint64) *Driver {
 	d := &Driver{Mem: mem, Size: size, DescAddr: desc, AvailAddr: avail, UsedAddr: used}
-	clear(d.bytes(desc, 16*uint64(size)))
-	clear(d.bytes(avail, 6+2*uint64(size)))
-	clear(d.bytes(used, 6+8*uint64(size)))
+	clear(d.bytes(desc, ring.DescSize*uint64(size)))
+	d.avail = d.bytes(avail, ring.AvailLen(size))
+	d.used = d.bytes(used, ring.UsedLen(size))
+	clear(d.avail)
+	clear(d.used)
 	return d
 }
 
@@ -88,11 +90,8 @@ func (d *Driver) Read(gpa uint64, n int) []byte {
 
 // SetDesc writes descriptor i of the table at table (the queue's own table or an indirect one).
 func (d *Driver) SetDesc(table uint64, i uint16, addr uint64, length uint32, flags, next uint16) {
-	e := d.bytes(table+16*uint64(i), 16)
-	binary.LittleEndian.PutUint64(e[0:], addr)
-	binary.LittleEndian.PutUint32(e[8:], length)
-	binary.LittleEndian.PutUint16(e[12:], flags)
-	binary.LittleEndian.PutUint16(e[14:], next)
+	e := d.bytes(table+ring.DescSize*uint64(i), ring.DescSize)
+	ring.PutDesc(e, 0, ring.Desc{Addr: addr, Len: length, Flags: flags, Next: next})
 }
 
 func (d *Driver) alloc() uint16 {
@@ -136,77 +135,48 @@ func (d *Driver) IndirectChain(table uint64, bufs ...Buf) uint16 {
 		d.SetDesc(table, uint16(i), b.Addr, b.Len, flags, next)
 	}
 	head := d.alloc()
-	d.SetDesc(d.DescAddr, head, table, uint32(16*len(bufs)), virtq.DescFIndirect, 0)
+	d.SetDesc(d.DescAddr, head, table, uint32(ring.DescSize*len(bufs)), virtq.DescFIndirect, 0)
 	return head
 }
 
 // Publish puts heads on the available ring and then advances its index.
 func (d *Driver) Publish(heads ...uint16) {
 	for _, h := range heads {
-		slot := d.availIdx & (d.Size - 1)
-		binary.LittleEndian.PutUint16(d.bytes(d.AvailAddr+4+2*uint64(slot), 2), h)
+		ring.SetAvailEntry(d.avail, d.availIdx&(d.Size-1), h)
 		d.availIdx++
 	}
-	store16(d.bytes(d.AvailAddr+2, 2), d.availIdx)
+	ring.SetAvailIdx(d.avail, d.availIdx)
 }
 
 // SetAvailIdx stores a raw available index (for corrupt-ring tests).
 func (d *Driver) SetAvailIdx(v uint16) {
 	d.availIdx = v
-	store16(d.bytes(d.AvailAddr+2, 2), v)
+	ring.SetAvailIdx(d.avail, v)
 }
 
 // SetAvailFlags stores the available ring's flags.
-func (d *Driver) SetAvailFlags(v uint16) { store16(d.bytes(d.AvailAddr, 2), v) }
+func (d *Driver) SetAvailFlags(v uint16) { ring.SetAvailFlags(d.avail, v) }
 
 // SetUsedEvent stores used_event (EVENT_IDX).
-func (d *Driver) SetUsedEvent(v uint16) {
-	store16(d.bytes(d.AvailAddr+4+2*uint64(d.Size), 2), v)
-}
+func (d *Driver) SetUsedEvent(v uint16) { ring.SetUsedEvent(d.avail, d.Size, v) }
 
 // AvailEvent loads avail_event (EVENT_IDX).
-func (d *Driver) AvailEvent() uint16 {
-	return load16(d.bytes(d.UsedAddr+4+8*uint64(d.Size), 2))
-}
+func (d *Driver) AvailEvent() uint16 { return ring.AvailEvent(d.used, d.Size) }
 
 // UsedFlags loads the used ring's flags.
-func (d *Driver) UsedFlags() uint16 { return load16(d.bytes(d.UsedAddr, 2)) }
+func (d *Driver) UsedFlags() uint16 { return ring.UsedFlags(d.used) }
 
 // UsedIdx loads the used ring's index.
-func (d *Driver) UsedIdx() uint16 { return load16(d.bytes(d.UsedAddr+2, 2)) }
+func (d *Driver) UsedIdx() uint16 { return ring.UsedIdx(d.used) }
 
 // Used returns the next used element, if the device published one.
 func (d *Driver) Used() (id, n uint32, ok bool) {
 	if d.UsedIdx() == d.lastUsed {
 		return 0, 0, false
 	}
-	e := d.bytes(d.UsedAddr+4+8*uint64(d.lastUsed&(d.Size-1)), 8)
+	id, n = ring.UsedElem(d.used, d.lastUsed&(d.Size-1))
 	d.lastUsed++
-	return binary.LittleEndian.Uint32(e[0:]), binary.LittleEndian.Uint32(e[4:]), true
-}
-
-// The driver's side of the ring words uses the same aligned-word atomics as
-// the device (see virtq's ring.go for why).
-func word(b []byte) (*uint32, uint) {
-	p := unsafe.Pointer(&b[:2][0])
-	addr := uintptr(p)
-	return (*uint32)(unsafe.Add(p, -int(addr&3))), uint(addr&3) * 8
-}
-
-func load16(b []byte) uint16 {
-	w, shift := word(b)
-	return uint16(atomic.LoadUint32(w) >> shift)
-}
-
-func store16(b []byte, v uint16) {
-	w, shift := word(b)
-	mask := uint32(0xffff) << shift
-	for {
-		old := atomic.LoadUint32(w)
-		if atomic.CompareAndSwapUint32(w, old, old&^mask|uint32(v)<<shift) {
-			return
-		}
-	}
+	return id, n, true
 }
 
 // LastUsed returns the used index up to which the driver has consumed elements.
