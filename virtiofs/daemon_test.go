@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 func TestArgsPerFlavour(t *testing.T) {
@@ -43,11 +44,9 @@ func TestArgsPerFlavour(t *testing.T) {
 func cDaemon(t *testing.T) *Daemon {
 	t.Helper()
 	if _, err := os.Stat(debianCDaemon); err != nil {
-		t.Skipf("Debian's C virtiofsd is not installed (apt-get install qemu-system-x86): %v", err)
+		testenv.Missing(t, "Debian's C virtiofsd is not installed (apt-get install qemu-system-common, which qemu-system-x86 depends on): %v", err)
 	}
-	if os.Getuid() != 0 {
-		t.Skip("virtiofsd needs root")
-	}
+	testenv.Root(t, "virtiofsd (mount namespace sandbox)")
 	d, err := Detect(context.Background(), debianCDaemon)
 	if err != nil {
 		t.Fatal(err)

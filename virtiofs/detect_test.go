@@ -8,13 +8,14 @@ import (
 	"testing"
 
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 const debianCDaemon = "/usr/lib/qemu/virtiofsd"
 
 func TestDetectDebianCDaemon(t *testing.T) {
 	if _, err := os.Stat(debianCDaemon); err != nil {
-		t.Skipf("Debian's C virtiofsd is not installed (apt-get install qemu-system-common): %v", err)
+		testenv.Missing(t, "Debian's C virtiofsd is not installed (apt-get install qemu-system-common, which qemu-system-x86 depends on): %v", err)
 	}
 	d, err := Detect(context.Background(), debianCDaemon)
 	if err != nil {
