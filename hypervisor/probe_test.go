@@ -9,16 +9,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
-// qemuBinary returns the installed qemu-system-x86_64 or skips the test.
+// qemuBinary returns the installed qemu-system-x86_64 or ends the test
+// through testenv.
 func qemuBinary(t *testing.T) string {
 	t.Helper()
-	p, err := exec.LookPath("qemu-system-x86_64")
-	if err != nil {
-		t.Skip("qemu-system-x86_64 not installed (apt-get install qemu-system-x86): ", err)
-	}
-	return p
+	return testenv.Tool(t, "qemu-system-x86_64", "qemu-system-x86")
 }
 
 func TestProbeRealQEMU(t *testing.T) {
@@ -205,9 +204,7 @@ func FuzzParseHelp(f *testing.F) {
 }
 
 func TestProbeIOUring(t *testing.T) {
-	if _, err := exec.LookPath("qemu-io"); err != nil {
-		t.Skip("qemu-io not installed (apt-get install qemu-utils)")
-	}
+	testenv.Tool(t, "qemu-io", "qemu-utils")
 	f := filepath.Join(t.TempDir(), "probe.raw")
 	if err := os.WriteFile(f, make([]byte, 1<<16), 0o600); err != nil {
 		t.Fatal(err)

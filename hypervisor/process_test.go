@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/hypervisor/qmp"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // testVM is a kernel-less, paused VM: QEMU runs its devices but no guest code.
@@ -235,10 +236,7 @@ func TestStartCancelled(t *testing.T) {
 // which is what ResolveAccel's boot probe is for.
 func TestStartWithResolvedAccel(t *testing.T) {
 	cfg := testVM(t, "q35")
-	kernel := probeKernel()
-	if kernel == "" {
-		t.Skip("no guest kernel to probe KVM with (set KATA_FSX_GUEST_DIR or install linux-image-amd64)")
-	}
+	kernel := guestKernel(t)
 	t.Setenv("TMPDIR", t.TempDir())
 	accel, reason := ResolveAccel(context.Background(), cfg.QEMUPath, kernel, t.TempDir())
 	t.Logf("accelerator %s: %s", accel, reason)
@@ -256,6 +254,16 @@ func TestStartWithResolvedAccel(t *testing.T) {
 	if err != nil || !st.Running {
 		t.Fatalf("after cont: %+v %v", st, err)
 	}
+}
+
+// guestKernel returns probeKernel's kernel or ends the test through testenv.
+func guestKernel(t *testing.T) string {
+	t.Helper()
+	k := probeKernel()
+	if k == "" {
+		testenv.Missing(t, "no guest kernel: set KATA_FSX_GUEST_DIR to a kit built by 'make guest' (as make test does), or apt-get install linux-image-amd64")
+	}
+	return k
 }
 
 // probeKernel is a guest kernel for the KVM boot probe: the test guest kit's
@@ -367,20 +375,21 @@ func TestColdPlugDevicesRealBackends(t *testing.T) {
 	}
 	devs = append(devs, &Virtio9P{ID: "p9", Path: share})
 
+	var missing []string
 	if qsd, err := exec.LookPath("qemu-storage-daemon"); err == nil {
 		sock := filepath.Join(work, "blk.sock")
 		startDaemon(t, sock, qsd, "--blockdev", "driver=file,node-name=file0,filename="+img,
 			"--export", "type=vhost-user-blk,id=exp0,node-name=file0,addr.type=unix,addr.path="+sock+",writable=off")
 		devs = append(devs, &VhostUserBlk{ID: "blk0", SocketPath: sock})
 	} else {
-		t.Log("qemu-storage-daemon missing (apt-get install qemu-utils): vhost-user-blk not covered")
+		missing = append(missing, "qemu-storage-daemon for vhost-user-blk")
 	}
 	if _, err := os.Stat("/usr/lib/qemu/virtiofsd"); err == nil {
 		sock := filepath.Join(work, "fs.sock")
 		startDaemon(t, sock, "/usr/lib/qemu/virtiofsd", "--socket-path="+sock, "-o", "source="+share, "-o", "cache=auto")
 		devs = append(devs, &VhostUserFS{ID: "fs0", SocketPath: sock})
 	} else {
-		t.Log("/usr/lib/qemu/virtiofsd missing: vhost-user-fs not covered")
+		missing = append(missing, "/usr/lib/qemu/virtiofsd for vhost-user-fs")
 	}
 	cfg.Devices = devs
 	vm, err := Start(context.Background(), cfg)
@@ -389,8 +398,8 @@ func TestColdPlugDevicesRealBackends(t *testing.T) {
 	}
 	defer vm.Stop(context.Background())
 	checkPCIPaths(t, vm)
-	if len(devs) < 4 {
-		t.Skip("vhost-user backends missing; the devices that could run were checked")
+	if len(missing) > 0 {
+		testenv.Missing(t, "not covered: %s (apt-get install qemu-system-common, which qemu-system-x86 depends on); the devices that could run were checked", strings.Join(missing, ", "))
 	}
 }
 
@@ -460,10 +469,7 @@ func TestMakeVMDirRefusesSymlink(t *testing.T) {
 }
 
 func TestHotplugVhostUserBlk(t *testing.T) {
-	qsd, err := exec.LookPath("qemu-storage-daemon")
-	if err != nil {
-		t.Skip("qemu-storage-daemon missing (apt-get install qemu-utils): ", err)
-	}
+	qsd := testenv.Tool(t, "qemu-storage-daemon", "qemu-system-common")
 	cfg := testVM(t, "q35")
 	work := t.TempDir()
 	img := filepath.Join(work, "disk.raw")
@@ -509,6 +515,8 @@ func TestHotplugVhostUserBlk(t *testing.T) {
 func TestBuildRefusesDAXOnProbedQEMU(t *testing.T) {
 	cfg := testVM(t, "q35")
 	if cfg.Caps.DAX {
+		// Deliberate: this test is for a QEMU without DAX; the accepting
+		// branch is TestBuildGolden/virtiofs_dax_on.
 		t.Skip("this QEMU has vhost-user-fs-pci cache-size (DAX)")
 	}
 	cfg.QMPSocket = filepath.Join(cfg.Dir, "qmp.sock")
@@ -525,16 +533,13 @@ func TestBootKernelPanicExits(t *testing.T) {
 	if testing.Short() {
 		t.Skip("boots a kernel")
 	}
-	kernels, _ := filepath.Glob("/boot/vmlinuz-*")
-	if len(kernels) == 0 {
-		t.Skip("no /boot/vmlinuz-* (apt-get install linux-image-amd64)")
-	}
+	kernel := guestKernel(t)
 	cfg := testVM(t, "q35")
 	// TCG on purpose: this host's /dev/kvm passes DetectAccel's ioctl checks
 	// but a Linux guest resets/hangs right after its real-mode setup code.
 	cfg.Accel = AccelTCG
 	cfg.Paused = false
-	cfg.Kernel = kernels[0]
+	cfg.Kernel = kernel
 	cfg.Debug = true
 	cfg.ConsoleLog = filepath.Join(t.TempDir(), "console.log")
 	vm, err := Start(context.Background(), cfg)
@@ -604,17 +609,14 @@ func TestProbeBoot(t *testing.T) {
 	if testing.Short() {
 		t.Skip("boots a kernel")
 	}
-	kernels, _ := filepath.Glob("/boot/vmlinuz-*")
-	if len(kernels) == 0 {
-		t.Skip("no /boot/vmlinuz-* (apt-get install linux-image-amd64)")
-	}
+	kernel := guestKernel(t)
 	qemu := qemuBinary(t)
 	// A temp dir of our own, so probes of other packages' tests running at
 	// the same time do not count as our leftovers.
 	t.Setenv("TMPDIR", t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if err := ProbeBoot(ctx, qemu, kernels[0], AccelTCG); err != nil {
+	if err := ProbeBoot(ctx, qemu, kernel, AccelTCG); err != nil {
 		t.Fatal(err)
 	}
 	// A file that is not a kernel must fail the probe, not pass it.

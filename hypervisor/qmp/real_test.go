@@ -10,15 +10,14 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // startQEMU runs a real QEMU with no machine and returns a negotiated client.
 func startQEMU(t *testing.T) (*Client, *exec.Cmd) {
 	t.Helper()
-	qemu, err := exec.LookPath("qemu-system-x86_64")
-	if err != nil {
-		t.Skip("qemu-system-x86_64 not installed (apt-get install qemu-system-x86): ", err)
-	}
+	qemu := testenv.Tool(t, "qemu-system-x86_64", "qemu-system-x86")
 	sock := filepath.Join(t.TempDir(), "qmp.sock")
 	cmd := exec.Command(qemu, "-machine", "none", "-nodefaults", "-nographic", "-S", "-qmp", "unix:"+sock+",server=on,wait=off")
 	if err := cmd.Start(); err != nil {
