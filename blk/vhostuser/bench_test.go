@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/blk/overlay"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // BenchmarkRead4K drives one queue with 4 KiB reads as fast as the test
@@ -51,10 +52,7 @@ func BenchmarkRead4K(b *testing.B) {
 		read4K(b, sock, size)
 	})
 	b.Run("qemu-storage-daemon", func(b *testing.B) {
-		qsd, err := exec.LookPath("qemu-storage-daemon")
-		if err != nil {
-			b.Skip("qemu-storage-daemon not installed (package qemu-utils)")
-		}
+		qsd := testenv.Tool(b, "qemu-storage-daemon", "qemu-system-common")
 		sock := filepath.Join(b.TempDir(), "qsd.sock")
 		cmd := exec.Command(qsd,
 			"--blockdev", "driver=file,node-name=file0,filename="+raw+",cache.direct=off",

@@ -2,6 +2,7 @@ package vhostuser
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/md5"
 	"encoding/hex"
@@ -17,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kata-fsx/kata-fsx/blk/overlay"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // guestScript is /init of a throwaway initramfs: it loads the virtio-blk and
@@ -55,41 +57,39 @@ $B poweroff -f
 // this backend over two queues: an ext4 image made by mkfs.ext4 is the
 // base, the guest mounts it, reads a file, writes one, deletes one with
 // discard; the host then checks the copy-on-write result with e2fsck and
-// debugfs. Needs the guest kernel (KATA_FSX_VMLINUX, default
-// build/guest/vmlinux from test/guest/build.sh), its modules under
-// /lib/modules, busybox, cpio, e2fsprogs and QEMU.
+// debugfs. Needs a guest kernel and its modules (KATA_FSX_VMLINUX with
+// the modules under /lib/modules, or by default the guest kit of
+// KATA_FSX_GUEST_DIR or build/guest, whose initrd carries them), busybox,
+// cpio, e2fsprogs and QEMU.
 func TestGuestLinux(t *testing.T) {
 	if testing.Short() {
 		t.Skip("boots a guest under TCG; skipped in -short mode")
 	}
-	vmlinux := os.Getenv("KATA_FSX_VMLINUX")
-	if vmlinux == "" {
-		vmlinux = "../../build/guest/vmlinux"
-	}
 	need := map[string]string{}
-	for _, tool := range []string{"qemu-system-x86_64", "cpio", "mkfs.ext4", "e2fsck", "debugfs"} {
-		p, err := exec.LookPath(tool)
-		if err != nil {
-			t.Skipf("%s not installed (CI installs qemu-system-x86, cpio, e2fsprogs)", tool)
-		}
-		need[tool] = p
-	}
-	if _, err := os.Stat(vmlinux); err != nil {
-		t.Skipf("guest kernel %s missing (run test/guest/build.sh build/guest): %v", vmlinux, err)
+	for _, tp := range [][2]string{{"qemu-system-x86_64", "qemu-system-x86"}, {"cpio", "cpio"}, {"mkfs.ext4", "e2fsprogs"}, {"e2fsck", "e2fsprogs"}, {"debugfs", "e2fsprogs"}} {
+		need[tp[0]] = testenv.Tool(t, tp[0], tp[1])
 	}
 	if _, err := os.Stat("/bin/busybox"); err != nil {
-		t.Skip("/bin/busybox missing (package busybox-static)")
+		testenv.Missing(t, "/bin/busybox missing (apt-get install busybox-static): %v", err)
+	}
+	vmlinux := os.Getenv("KATA_FSX_VMLINUX")
+	if vmlinux == "" {
+		kit := os.Getenv("KATA_FSX_GUEST_DIR")
+		if kit == "" {
+			kit = "../../build/guest"
+		}
+		vmlinux = filepath.Join(kit, "vmlinux")
+	}
+	if _, err := os.Stat(vmlinux); err != nil {
+		testenv.Missing(t, "guest kernel missing (run 'make guest' or set KATA_FSX_GUEST_DIR): %v", err)
 	}
 	release, err := kernelRelease(vmlinux)
 	if err != nil {
-		t.Skip(err)
+		t.Fatal(err)
 	}
-	modDir := filepath.Join("/lib/modules", release, "kernel")
-	if _, err := os.Stat(modDir); err != nil {
-		t.Skipf("modules for %s missing (package linux-image-amd64): %v", release, err)
-	}
-
 	dir := t.TempDir()
+	modDir := kernelModules(t, vmlinux, release, need["cpio"], filepath.Join(dir, "kit-modules"))
+
 	// Base: an ext4 image with a text file and a 1 MiB random file.
 	content := filepath.Join(dir, "content")
 	os.Mkdir(content, 0o755)
@@ -226,6 +226,41 @@ func run(t *testing.T, prog string, args ...string) string {
 	return stdout.String()
 }
 
+// kernelModules returns the kernel/ directory of release's modules: the
+// host's under /lib/modules, else those in the initrd beside vmlinux (a
+// guest kit's), unpacked into dst. CI machines have no kernel package
+// installed, only the kit.
+func kernelModules(t *testing.T, vmlinux, release, cpio, dst string) string {
+	t.Helper()
+	host := filepath.Join("/lib/modules", release, "kernel")
+	if _, err := os.Stat(host); err == nil {
+		return host
+	}
+	initrd := filepath.Join(filepath.Dir(vmlinux), "initrd.img")
+	f, err := os.Open(initrd)
+	if err != nil {
+		testenv.Missing(t, "modules for %s: not in /lib/modules (apt-get install linux-image-amd64) and no guest kit initrd beside %s ('make guest'): %v", release, vmlinux, err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatalf("%s: %v", initrd, err)
+	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := exec.Command(cpio, "-idm", "--quiet", "*.ko")
+	c.Dir, c.Stdin = dst, zr
+	if b, err := c.CombinedOutput(); err != nil {
+		t.Fatalf("unpacking the modules of %s: %v\n%s", initrd, err, b)
+	}
+	mods := filepath.Join(dst, "lib", "modules", release, "kernel")
+	if _, err := os.Stat(mods); err != nil {
+		t.Fatalf("%s holds no modules for %s (a kit of another kernel?): %v", initrd, release, err)
+	}
+	return mods
+}
+
 // kernelRelease finds "Linux version X " in an uncompressed kernel image.
 func kernelRelease(vmlinux string) (string, error) {
 	b, err := os.ReadFile(vmlinux)
@@ -264,7 +299,7 @@ func buildInitramfs(t *testing.T, dir, modDir, cpio string) string {
 	for m, sub := range mods {
 		b, err := os.ReadFile(filepath.Join(modDir, sub, m+".ko"))
 		if err != nil {
-			t.Skipf("module %s: %v", m, err)
+			t.Fatalf("module %s of the guest kernel: %v", m, err)
 		}
 		os.WriteFile(filepath.Join(root, "m", m+".ko"), b, 0o644)
 	}

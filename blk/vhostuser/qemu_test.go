@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // qmpClient speaks just enough QMP for the smoke test.
@@ -79,10 +81,7 @@ func (q *qmpClient) run(cmd string, args any) (json.RawMessage, error) {
 // read the config space at realize and come up; after QMP quit the server
 // must see the disconnect and accept a new front-end.
 func TestQEMUSmoke(t *testing.T) {
-	qemu, err := exec.LookPath("qemu-system-x86_64")
-	if err != nil {
-		t.Skip("qemu-system-x86_64 not installed (CI installs qemu-system-x86)")
-	}
+	qemu := testenv.Tool(t, "qemu-system-x86_64", "qemu-system-x86")
 	env := newEnv(t, 64<<20, false, Options{})
 	qmpPath := filepath.Join(t.TempDir(), "qmp.sock")
 	var stderr strings.Builder
