@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // allWorkloads and units are what the script promises, in its order.
@@ -122,9 +124,7 @@ var (
 // script, as CI does once.
 func benchImage(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("RunOnHost needs root (overlayfs mount, chroot)")
-	}
+	testenv.Root(t, "RunOnHost (overlayfs mount, chroot)")
 	imageOnce.Do(func() {
 		cmd := exec.Command("../../test/fixtures/bench-image.sh")
 		var stderr bytes.Buffer
@@ -135,7 +135,7 @@ func benchImage(t *testing.T) string {
 	if imageErr != nil {
 		for _, tool := range []string{"debootstrap", "npm"} {
 			if _, err := exec.LookPath(tool); err != nil {
-				t.Skipf("bench image cannot be built: %s is not installed (%v)", tool, imageErr)
+				testenv.Missing(t, "bench image cannot be built: %s is not installed (apt-get install %s): %v", tool, tool, imageErr)
 			}
 		}
 		t.Fatalf("test/fixtures/bench-image.sh: %v\n%s", imageErr, imageLog)
@@ -466,9 +466,7 @@ func TestRunOnHostCancelLeavesNothing(t *testing.T) {
 }
 
 func TestRunOnHostRejectsNonImage(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("RunOnHost needs root (overlayfs mount, chroot)")
-	}
+	testenv.Root(t, "RunOnHost (overlayfs mount, chroot)")
 	tmp := isolatedTemp(t)
 	err := RunOnHost(context.Background(), t.TempDir(), nil, &bytes.Buffer{}, &bytes.Buffer{})
 	if !errors.Is(err, ErrNotBenchImage) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kata-fsx/kata-fsx/agent"
 	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 const (
@@ -48,9 +49,9 @@ func guestKit(t testing.TB) string {
 				return
 			}
 			kitDir = filepath.Join(root, "build", "guest")
-			for _, tool := range []string{"apt-get", "dpkg-deb", "depmod", "cpio", "xz"} {
-				if _, err := exec.LookPath(tool); err != nil {
-					kitSkip = "guest kit not built and " + tool + " is missing to build it"
+			for _, tool := range [][2]string{{"apt-get", "apt"}, {"dpkg-deb", "dpkg"}, {"depmod", "kmod"}, {"cpio", "cpio"}, {"xz", "xz-utils"}} {
+				if _, err := exec.LookPath(tool[0]); err != nil {
+					kitSkip = fmt.Sprintf("guest kit not built and %s is missing to build it (apt-get install %s)", tool[0], tool[1])
 					return
 				}
 			}
@@ -64,12 +65,12 @@ func guestKit(t testing.TB) string {
 		}
 		for _, f := range []string{"vmlinux", "initrd.img"} {
 			if _, err := os.Stat(filepath.Join(kitDir, f)); err != nil {
-				kitSkip = fmt.Sprintf("guest kit %s incomplete: %v", kitDir, err)
+				kitSkip = fmt.Sprintf("guest kit %s incomplete ('make guest' builds it): %v", kitDir, err)
 			}
 		}
 	})
 	if kitSkip != "" {
-		t.Skip(kitSkip)
+		testenv.Missing(t, "%s", kitSkip)
 	}
 	if kitErr != nil {
 		t.Fatal(kitErr)
@@ -144,10 +145,7 @@ func accelerator(t testing.TB, kit string) string {
 // makeRootfs creates <share>/<cid>/rootfs as a busybox system.
 func makeRootfs(t testing.TB, share, cid string) {
 	t.Helper()
-	bb, err := exec.LookPath("busybox")
-	if err != nil {
-		t.Skip("busybox (busybox-static) not installed")
-	}
+	bb := testenv.Tool(t, "busybox", "busybox-static")
 	root := filepath.Join(share, cid, "rootfs")
 	for _, d := range []string{"bin", "proc", "sys", "dev", "tmp", "etc"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
@@ -216,9 +214,7 @@ func (v *vm) consoleTail() string {
 // 02/01; the VM is killed at test end.
 func startVM(t testing.TB, kit, share, fs, blkImage string) *vm {
 	t.Helper()
-	if _, err := exec.LookPath(qemuBinary); err != nil {
-		t.Skip(qemuBinary + " not installed")
-	}
+	testenv.Tool(t, qemuBinary, "qemu-system-x86")
 	dir := t.TempDir()
 	accel := accelerator(t, kit)
 	v := &vm{sock: filepath.Join(dir, "agent.sock"), console: filepath.Join(dir, "console.log"), exited: make(chan struct{})}
@@ -247,7 +243,7 @@ func startVM(t testing.TB, kit, share, fs, blkImage string) *vm {
 			"-device", "virtio-9p-pci,fsdev=fs9p,mount_tag=kataShared")
 	case "virtio-fs":
 		if _, err := os.Stat(cVirtiofsd); err != nil {
-			t.Skip("C virtiofsd not installed at " + cVirtiofsd)
+			testenv.Missing(t, "C virtiofsd not installed (apt-get install qemu-system-common, which qemu-system-x86 depends on): %v", err)
 		}
 		fsSock := filepath.Join(dir, "vhost-fs.sock")
 		d := exec.Command(cVirtiofsd, "--socket-path="+fsSock, "-o", "source="+share, "-o", "cache=auto")

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 func TestParseGuestOutput(t *testing.T) {
@@ -50,10 +52,7 @@ func TestParseGuestOutputErrors(t *testing.T) {
 // left out and checks the disk order of each repetition: every disk takes
 // every position once over as many repetitions as there are disks.
 func TestScriptRotatesDisks(t *testing.T) {
-	bash, err := exec.LookPath("bash")
-	if err != nil {
-		t.Skip("no bash")
-	}
+	bash := testenv.Tool(t, "bash", "bash")
 	// Only the order function, sourced from the real script.
 	start := strings.Index(guestScript, "order() {")
 	if start < 0 {
@@ -76,10 +75,7 @@ func TestScriptRotatesDisks(t *testing.T) {
 }
 
 func TestGuestScriptParses(t *testing.T) {
-	bash, err := exec.LookPath("bash")
-	if err != nil {
-		t.Skip("no bash")
-	}
+	bash := testenv.Tool(t, "bash", "bash")
 	cmd := exec.Command(bash, "-n")
 	cmd.Stdin = strings.NewReader(guestScript)
 	if out, err := cmd.CombinedOutput(); err != nil {

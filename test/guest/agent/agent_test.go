@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 func TestParsePCIPath(t *testing.T) {
@@ -199,10 +201,7 @@ func TestOutputBufferCut(t *testing.T) {
 // checks that the whole output arrives, and that a descendant holding stdout
 // open does not keep the process from being reaped.
 func TestProcessOutputComplete(t *testing.T) {
-	sh, err := exec.LookPath("sh")
-	if err != nil {
-		t.Skip("no sh")
-	}
+	sh := testenv.Tool(t, "sh", "dash")
 	for i := range 20 {
 		p := newProcess(fmt.Sprint("p", i))
 		cmd := exec.Command(sh, "-c", "i=0; while [ $i -lt 2000 ]; do echo line$i; i=$((i+1)); done; echo err >&2; exit 4")
