@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -13,10 +12,6 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
-
-// errNeedsHotplug matches the shim's refusal of an imagefs-blk container
-// created after its pod booted, for as long as disk hot-plug is missing.
-var errNeedsHotplug = regexp.MustCompile(`needs? disk hot-plug`)
 
 // criPod is one pod of TestCRIPods and what its guest must show.
 type criPod struct {
@@ -170,10 +165,7 @@ func (c *criEnv) workload(ctx context.Context, t *testing.T, p *criPod) {
 	}
 	id := cr.ContainerId
 	if _, err := c.rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: id}); err != nil {
-		if p.backend == "imagefs-blk" && errNeedsHotplug.MatchString(err.Error()) {
-			t.Skipf("imagefs-blk for a container created after its pod booted needs disk hot-plug, not in the shim yet: StartContainer: %v", err)
-		}
-		t.Fatalf("StartContainer: %v", err)
+		t.Fatalf("StartContainer (%s): %v", p.backend, err)
 	}
 
 	logPath := filepath.Join(p.cfg.LogDirectory, cfg.LogPath)
