@@ -25,6 +25,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // The CRI keeps its images and containers in this containerd namespace.
@@ -72,7 +74,7 @@ func (c *criEnv) trackShim(podID string) error {
 func newCRIEnv(t *testing.T) *criEnv {
 	for _, b := range []string{"/usr/bin/containerd", "/usr/bin/ctr"} {
 		if _, err := os.Stat(b); err != nil {
-			t.Skipf("%s missing (apt-get install containerd)", b)
+			testenv.Missing(t, "%s missing (apt-get install containerd): %v", b, err)
 		}
 	}
 	e := newEnv(t, `enable_annotations = ["shared_fs"]`)

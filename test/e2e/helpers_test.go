@@ -6,7 +6,9 @@ import (
 	"bytes"
 	"context"
 	"debug/elf"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/hypervisor"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 var repoRoot = func() string {
@@ -68,21 +71,20 @@ func kitDir() string {
 	return filepath.Join(repoRoot, "build", "guest")
 }
 
-// guestKit returns the kit directory, skipping visibly when it is absent.
+// guestKit returns the kit directory, or ends the test through testenv
+// when the kit, QEMU or root is missing.
 func guestKit(t *testing.T) string {
 	t.Helper()
 	dir := kitDir()
 	for _, f := range []string{"vmlinux", "initrd.img"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
-			t.Skipf("guest kit missing (%v): run 'make guest'", err)
+			testenv.Missing(t, "guest kit missing (%v): run 'make guest' or set KATA_FSX_GUEST_DIR", err)
 		}
 	}
 	if _, err := os.Stat("/usr/bin/qemu-system-x86_64"); err != nil {
-		t.Skip("qemu-system-x86 not installed")
+		testenv.Missing(t, "QEMU missing (apt-get install qemu-system-x86): %v", err)
 	}
-	if os.Getuid() != 0 {
-		t.Skip("pod VMs need root (mounts, virtiofsd)")
-	}
+	testenv.Root(t, "pod VMs (mounts, virtiofsd)")
 	return dir
 }
 
@@ -131,13 +133,16 @@ func busyboxRootfs(t *testing.T) string {
 	t.Helper()
 	bb := "/bin/busybox"
 	f, err := elf.Open(bb)
+	if errors.Is(err, fs.ErrNotExist) {
+		testenv.Missing(t, "busybox: %v (apt-get install busybox-static)", err)
+	}
 	if err != nil {
-		t.Skipf("busybox: %v (apt-get install busybox-static)", err)
+		t.Fatalf("busybox: %v", err)
 	}
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP {
 			f.Close()
-			t.Skip("/bin/busybox is dynamic: install busybox-static")
+			testenv.Missing(t, "/bin/busybox is dynamic (apt-get install busybox-static)")
 		}
 	}
 	f.Close()

@@ -17,14 +17,15 @@ import (
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
-// fixture runs a test/fixtures script (cached builds of real trees).
+// fixture runs a test/fixtures script (cached builds of real trees); tool
+// is what the script needs, debootstrap or npm, each packaged under its
+// own name.
 func fixture(t *testing.T, script, tool string) string {
 	t.Helper()
-	if _, err := exec.LookPath(tool); err != nil {
-		t.Skipf("%s not installed: cannot build the %s fixture", tool, script)
-	}
+	testenv.Tool(t, tool, tool)
 	cmd := exec.Command(filepath.Join(repoRoot, "test", "fixtures", script))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
@@ -48,12 +49,8 @@ func runCLI(t *testing.T, args ...string) string {
 // checkImageOfTree builds an image of src through the CLI, exports it raw,
 // runs e2fsck -fn and compares a read-only loop mount with src.
 func checkImageOfTree(t *testing.T, src string) {
-	if os.Getuid() != 0 {
-		t.Skip("loop mounts need root")
-	}
-	if _, err := exec.LookPath("e2fsck"); err != nil {
-		t.Skip("e2fsprogs not installed")
-	}
+	testenv.Root(t, "loop mounts")
+	testenv.Tool(t, "e2fsck", "e2fsprogs")
 	work := t.TempDir()
 	img, raw, cache := filepath.Join(work, "img"), filepath.Join(work, "disk.raw"), filepath.Join(work, "cache")
 	out := runCLI(t, "image", "build", "dir:"+src, "-o", img, "--cache", cache, "-q")
@@ -66,7 +63,7 @@ func checkImageOfTree(t *testing.T, src string) {
 	mnt := filepath.Join(work, "mnt")
 	os.Mkdir(mnt, 0o755)
 	if b, err := exec.Command("mount", "-o", "loop,ro,noload", raw, mnt).CombinedOutput(); err != nil {
-		t.Skipf("loop mount unavailable: %v %s", err, b)
+		t.Fatalf("loop mount of the exported image: %v %s", err, b)
 	}
 	defer func() {
 		if b, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
@@ -168,9 +165,7 @@ func TestImageOfNodeModules(t *testing.T) {
 // type, odd names, deep nesting, a huge directory, hard links, sparse and
 // large sparse files, xattrs, setuid/sticky, high ids, ns timestamps.
 func TestImageOfGeneratedTree(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("device nodes and ownership need root")
-	}
+	testenv.Root(t, "device nodes and ownership")
 	root := filepath.Join(t.TempDir(), "tree")
 	genTree(t, root, 42)
 	checkImageOfTree(t, root)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // runStats is the part of `run --stats-file`'s JSON the tests read.
@@ -35,9 +37,7 @@ type procSample struct {
 // writes land in that file, and that --stats-file reports the serving
 // process.
 func TestRunVirtioBlkRawRootfs(t *testing.T) {
-	if _, err := exec.LookPath("debugfs"); err != nil {
-		t.Skip("debugfs not installed (apt-get install e2fsprogs)")
-	}
+	testenv.Tool(t, "debugfs", "e2fsprogs")
 	e := newEnv(t, "block_device_cache_direct = true\nblock_device_aio = \"threads\"\n")
 	rootfs := busyboxRootfs(t)
 	img := filepath.Join(e.dir, "img")

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 func TestRunHelloExitStatus(t *testing.T) {
@@ -159,10 +161,11 @@ func TestRunAgentNeverAnswers(t *testing.T) {
 	bb, _ := os.ReadFile(filepath.Join(busyboxRootfs(t), "bin", "busybox"))
 	os.WriteFile(filepath.Join(tree, "init"), bb, 0o755)
 	silent := filepath.Join(e.dir, "silent-initrd.img")
-	pack := exec.Command("sh", "-c", "find . | cpio -o -H newc --quiet > "+silent)
+	cpio := testenv.Tool(t, "cpio", "cpio")
+	pack := exec.Command("sh", "-c", "find . | "+cpio+" -o -H newc --quiet > "+silent)
 	pack.Dir = tree
 	if out, err := pack.CombinedOutput(); err != nil {
-		t.Skipf("cpio: %v %s (apt-get install cpio)", err, out)
+		t.Fatalf("packing the silent initrd: %v %s", err, out)
 	}
 	c := strings.Replace(string(cfg), `initrd = "`+kit+`/initrd.img"`, `initrd = "`+silent+`"`, 1)
 	c = strings.Replace(c, "dial_timeout = 90", "dial_timeout = 5", 1)

@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // buildShim builds bin/containerd-shim-kata-fsx-v2 once per test binary run.
@@ -55,7 +57,7 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 func newContainerdEnv(t *testing.T) *containerdEnv {
 	for _, b := range []string{"/usr/bin/containerd", "/usr/bin/ctr"} {
 		if _, err := os.Stat(b); err != nil {
-			t.Skipf("%s missing (apt-get install containerd)", b)
+			testenv.Missing(t, "%s missing (apt-get install containerd): %v", b, err)
 		}
 	}
 	e := newEnv(t, `enable_annotations = ["shared_fs"]`)
