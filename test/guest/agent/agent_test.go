@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -95,6 +96,21 @@ func TestAddDefault(t *testing.T) {
 	}
 }
 
+// hangLimit bounds waits that would otherwise block for ever when the code
+// under test is wrong; it is a failure message, not a speed assertion.
+const hangLimit = 10 * time.Second
+
+// within waits for ch to be closed, failing the test with what if it is
+// not within hangLimit.
+func within(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(hangLimit):
+		t.Fatalf("%s within %v", what, hangLimit)
+	}
+}
+
 func TestOutputBuffer(t *testing.T) {
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -141,6 +157,8 @@ func TestOutputBuffer(t *testing.T) {
 
 func TestOutputBufferBackpressure(t *testing.T) {
 	b := newOutputBuffer()
+	blocked := make(chan struct{})
+	b.waiting = sync.OnceFunc(func() { close(blocked) })
 	done := make(chan struct{})
 	go func() {
 		stop := make(chan struct{})
@@ -149,14 +167,22 @@ func TestOutputBufferBackpressure(t *testing.T) {
 		close(done)
 	}()
 	select {
+	case <-blocked:
 	case <-done:
 		t.Fatal("append went past maxBuffered without a reader")
-	case <-time.After(50 * time.Millisecond):
+	case <-time.After(hangLimit):
+		t.Fatalf("append neither waited for a reader nor returned within %v", hangLimit)
+	}
+	// Only a reader (or stop, which nobody closes) releases the wait.
+	select {
+	case <-done:
+		t.Fatal("append went past maxBuffered without a reader")
+	default:
 	}
 	if _, err := b.read(context.Background(), 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	<-done
+	within(t, done, "append did not return after a reader emptied the buffer")
 }
 
 // TestOutputBufferCut checks that cutting a stream a descendant holds open

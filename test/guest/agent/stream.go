@@ -21,6 +21,10 @@ type outputBuffer struct {
 	data    []byte
 	eof     bool
 	changed chan struct{} // closed and replaced on every state change
+
+	// waiting, when set (by tests, before any append), runs each time
+	// append finds the buffer full and is about to wait for a reader.
+	waiting func()
 }
 
 func newOutputBuffer() *outputBuffer {
@@ -87,6 +91,9 @@ func (b *outputBuffer) append(p []byte, stop <-chan struct{}) {
 	for len(b.data) >= maxBuffered && !isClosed(stop) {
 		ch := b.changed
 		b.mu.Unlock()
+		if b.waiting != nil {
+			b.waiting()
+		}
 		select {
 		case <-ch:
 		case <-stop:
