@@ -119,7 +119,8 @@ func TestOutputBuffer(t *testing.T) {
 	defer r.Close()
 	b := newOutputBuffer()
 	go b.fill(r, make(chan struct{}))
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), hangLimit)
+	defer cancel()
 	go func() {
 		w.Write([]byte("hello "))
 		w.Write([]byte("world"))
@@ -128,6 +129,9 @@ func TestOutputBuffer(t *testing.T) {
 	var got []byte
 	for {
 		data, err := b.read(ctx, 4)
+		if errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("no data or end of stream within %v after %q", hangLimit, got)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -206,7 +210,7 @@ func TestOutputBufferCut(t *testing.T) {
 	if err := r.SetReadDeadline(time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	<-done
+	within(t, done, "fill did not end after the stream was cut")
 	var got []byte
 	for {
 		data, err := b.read(context.Background(), 1<<20)
@@ -235,17 +239,19 @@ func TestProcessOutputComplete(t *testing.T) {
 			t.Fatal(err)
 		}
 		out, errOut := readBuffer(t, p.stdout), readBuffer(t, p.stderr)
-		<-p.done
+		within(t, p.done, fmt.Sprintf("run %d: not reaped", i))
 		if p.status != 4 || !strings.HasSuffix(out, "line1999\n") || strings.Count(out, "\n") != 2000 || errOut != "err\n" {
 			t.Fatalf("run %d: status %d, %d lines ending %q, stderr %q", i, p.status, strings.Count(out, "\n"), out[max(0, len(out)-20):], errOut)
 		}
 	}
+	// The descendant outlives hangLimit, so a stream it keeps open fails
+	// the bounded waits below instead of ending when it does.
 	p := newProcess("bg")
 	cmd := exec.Command(sh, "-c", "echo fg; sleep 30 & exit 0")
 	if err := p.start(cmd, cmd.Start); err != nil {
 		t.Fatal(err)
 	}
-	<-p.done
+	within(t, p.done, "a descendant holding stdout kept the process from being reaped")
 	if out := readBuffer(t, p.stdout); out != "fg\n" {
 		t.Errorf("with a descendant holding stdout: %q, want fg", out)
 	}
@@ -254,11 +260,18 @@ func TestProcessOutputComplete(t *testing.T) {
 	}
 }
 
+// readBuffer reads b to its end, failing the test if the end does not come
+// within hangLimit.
 func readBuffer(t *testing.T, b *outputBuffer) string {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), hangLimit)
+	defer cancel()
 	var got []byte
 	for {
-		data, err := b.read(context.Background(), 4096)
+		data, err := b.read(ctx, 4096)
+		if errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("stream did not end within %v; read %d bytes", hangLimit, len(got))
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
