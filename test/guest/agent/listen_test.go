@@ -55,7 +55,11 @@ func newFifoPort(t *testing.T) (*fifoPort, *serialListener) {
 	}()
 	t.Cleanup(func() {
 		srv.Close()
-		<-done
+		select {
+		case <-done:
+		case <-time.After(hangLimit):
+			t.Errorf("Serve on the serial listener did not return within %v of Close", hangLimit)
+		}
 	})
 	return fp, l
 }
