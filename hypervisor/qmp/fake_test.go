@@ -13,7 +13,35 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
+
+// hangLimit bounds waits that only a broken client would make block for
+// ever (a lost reply, an ignored cancellation, a missed close); it is a
+// failure message, not a speed assertion.
+const hangLimit = 10 * time.Second
+
+// recvWithin returns what ch delivers (or its closing), failing the test
+// with what if nothing comes within hangLimit.
+func recvWithin[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(hangLimit):
+	}
+	t.Fatalf("%s within %v", what, hangLimit)
+	var zero T
+	return zero
+}
+
+// bounded is a context that ends after hangLimit, for calls that would
+// otherwise wait for ever on a reply the client lost.
+func bounded(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), hangLimit)
+	t.Cleanup(cancel)
+	return ctx
+}
 
 const greeting = `{"QMP": {"version": {"qemu": {"micro": 22, "minor": 2, "major": 7}, "package": "Debian 1:7.2+dfsg-7"}, "capabilities": ["oob"]}}`
 
@@ -56,7 +84,18 @@ func newFake(t *testing.T) (*fakeMonitor, net.Conn) {
 	server, client := socketpair(t)
 	f := &fakeMonitor{t: t, conn: server, r: bufio.NewReader(server)}
 	t.Cleanup(func() {
-		f.wg.Wait()
+		scripts := make(chan struct{})
+		go func() { f.wg.Wait(); close(scripts) }()
+		select {
+		case <-scripts:
+		case <-time.After(hangLimit):
+			t.Errorf("fake monitor script still running %v after the test (waiting for a command the client never sent?)", hangLimit)
+			server.Close() // ends the script's read
+			select {
+			case <-scripts:
+			case <-time.After(hangLimit):
+			}
+		}
 		server.Close()
 		client.Close()
 	})
@@ -150,13 +189,14 @@ func TestRepliesMatchedByID(t *testing.T) {
 	var wg sync.WaitGroup
 	results := make([]string, 2)
 	errs := make([]error, 2)
+	ctx := bounded(t)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		errs[0] = c.Execute(context.Background(), "cmd-a", nil, &results[0])
+		errs[0] = c.Execute(ctx, "cmd-a", nil, &results[0])
 	}()
-	<-gotFirst // cmd-a is on the wire before cmd-b
-	errs[1] = c.Execute(context.Background(), "cmd-b", nil, &results[1])
+	recvWithin(t, gotFirst, "the fake did not receive cmd-a") // cmd-a is on the wire before cmd-b
+	errs[1] = c.Execute(ctx, "cmd-b", nil, &results[1])
 	wg.Wait()
 	if errs[0] != nil || errs[1] != nil || results[0] != "a" || results[1] != "b" {
 		t.Fatalf("results %v errs %v", results, errs)
@@ -199,14 +239,14 @@ func TestCancelledCommandLateReplyDiscarded(t *testing.T) {
 	})
 	errc := make(chan error, 1)
 	go func() { errc <- c.Execute(ctx, "slow", nil, nil) }()
-	<-received
+	recvWithin(t, received, "the fake did not receive slow")
 	cancel()
-	if err := <-errc; !errors.Is(err, context.Canceled) {
+	if err := recvWithin(t, errc, "Execute did not return after its context was cancelled"); !errors.Is(err, context.Canceled) {
 		t.Fatalf("slow: %v", err)
 	}
 	close(release)
 	var got string
-	if err := c.Execute(context.Background(), "fast", nil, &got); err != nil || got != "fast" {
+	if err := c.Execute(bounded(t), "fast", nil, &got); err != nil || got != "fast" {
 		t.Fatalf("fast = %q, %v", got, err)
 	}
 }
@@ -222,12 +262,12 @@ func TestDeviceDelWaitsForItsEvent(t *testing.T) {
 		f.send(`{"timestamp": {"seconds": 1700000001, "microseconds": 5}, "event": "DEVICE_DELETED", "data": {"device": "blk1", "path": "/machine/peripheral/blk1"}}`)
 		f.reply(cmd, "{}")
 	})
-	if err := c.DeviceDel(context.Background(), "blk1"); err != nil {
+	if err := c.DeviceDel(bounded(t), "blk1"); err != nil {
 		t.Fatal(err)
 	}
 	// Both events are also on the Events channel, in order.
 	for _, want := range []string{"other", "blk1"} {
-		ev := <-c.Events()
+		ev := recvWithin(t, c.Events(), "no DEVICE_DELETED for "+want+" on the Events channel")
 		var d struct{ Device string }
 		if err := json.Unmarshal(ev.Data, &d); err != nil || ev.Name != "DEVICE_DELETED" || d.Device != want || ev.Time.IsZero() {
 			t.Errorf("event %+v (%v), want device %s", ev, err, want)
@@ -244,7 +284,7 @@ func TestWaitEventFilterAndCancel(t *testing.T) {
 		f.send(`{"event": "STOP"}`)
 		f.send(`{"event": "SHUTDOWN", "data": {"guest": true, "reason": "guest-shutdown"}}`)
 	})
-	ev, err := sub.Wait(context.Background())
+	ev, err := sub.Wait(bounded(t))
 	if err != nil || !strings.Contains(string(ev.Data), "guest-shutdown") {
 		t.Fatalf("ev %+v %v", ev, err)
 	}
@@ -270,11 +310,11 @@ func TestLineOverLimitFailsOutstanding(t *testing.T) {
 	f, conn := newFake(t)
 	c := connect(t, f, conn, Options{MaxLine: 1024})
 	f.run(func(f *fakeMonitor) { f.reply(f.recv("query-qmp-schema"), `"`+strings.Repeat("y", 4096)+`"`) })
-	err := c.Execute(context.Background(), "query-qmp-schema", nil, nil)
+	err := c.Execute(bounded(t), "query-qmp-schema", nil, nil)
 	if !errors.Is(err, ErrClosed) || !errors.Is(err, ErrProtocol) {
 		t.Fatalf("err = %v", err)
 	}
-	<-c.Done()
+	recvWithin(t, c.Done(), "the client did not close after an over-long line")
 	if _, ok := <-c.Events(); ok {
 		t.Error("events channel still open")
 	}
@@ -288,13 +328,13 @@ func TestDisconnectFailsOutstandingCommands(t *testing.T) {
 		f.recv("query-status")
 		f.conn.Close()
 	})
-	if _, err := c.QueryStatus(context.Background()); !errors.Is(err, ErrClosed) {
+	if _, err := c.QueryStatus(bounded(t)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("outstanding: %v", err)
 	}
-	if _, err := sub.Wait(context.Background()); !errors.Is(err, ErrClosed) {
+	if _, err := sub.Wait(bounded(t)); !errors.Is(err, ErrClosed) {
 		t.Errorf("subscription: %v", err)
 	}
-	<-c.Done()
+	recvWithin(t, c.Done(), "the client did not close after the monitor hung up")
 	if err := c.Cont(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Errorf("after close: %v", err)
 	}
@@ -315,10 +355,10 @@ func TestQuitTreatsDisconnectAsSuccess(t *testing.T) {
 			}
 			f.conn.Close()
 		})
-		if err := c.Quit(context.Background()); err != nil {
+		if err := c.Quit(bounded(t)); err != nil {
 			t.Errorf("withReply=%v: %v", withReply, err)
 		}
-		<-c.Done()
+		recvWithin(t, c.Done(), fmt.Sprintf("withReply=%v: the client did not close after quit", withReply))
 	}
 }
 
@@ -467,9 +507,14 @@ func FuzzReader(f *testing.F) {
 			t.Fatal(err)
 		}
 		sub := c.Subscribe("SHUTDOWN", nil)
-		for range c.Events() {
-		}
-		<-c.Done()
+		drained := make(chan struct{})
+		go func() {
+			for range c.Events() {
+			}
+			close(drained)
+		}()
+		recvWithin(t, drained, "the Events channel was not closed after the stream ended")
+		recvWithin(t, c.Done(), "the client did not close after the stream ended")
 		if !errors.Is(c.Err(), ErrClosed) {
 			t.Fatalf("Err() = %v", c.Err())
 		}
@@ -495,11 +540,11 @@ func TestWriteAbandonedWhenQEMUDoesNotRead(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { errc <- c.Execute(ctx, "huge", map[string]any{"x": strings.Repeat("z", 32<<20)}, nil) }()
-	<-started
+	recvWithin(t, started, "the fake did not receive the start of the command")
 	cancel()
-	err := <-errc
+	err := recvWithin(t, errc, "Execute did not return after its context was cancelled mid-write")
 	if !errors.Is(err, context.Canceled) || !errors.Is(err, ErrClosed) {
 		t.Fatalf("err = %v", err)
 	}
-	<-c.Done()
+	recvWithin(t, c.Done(), "the client did not close its half-written stream")
 }

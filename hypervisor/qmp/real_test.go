@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -99,7 +100,7 @@ func TestRealQEMU(t *testing.T) {
 		}()
 	}
 	for i := 0; i < 16; i++ {
-		if err := <-errs; err != nil {
+		if err := recvWithin(t, errs, fmt.Sprintf("concurrent query-status: %d of 16 replies", i)); err != nil {
 			t.Error(err)
 		}
 	}
@@ -111,7 +112,7 @@ func TestRealQEMU(t *testing.T) {
 	if ev, err := shutdown.Wait(ctx); err != nil || ev.Name != "SHUTDOWN" {
 		t.Errorf("SHUTDOWN: %+v %v", ev, err)
 	}
-	<-c.Done()
+	recvWithin(t, c.Done(), "the client did not close after quit")
 	if !errors.Is(c.Err(), ErrClosed) {
 		t.Errorf("Err() = %v", c.Err())
 	}
