@@ -3,11 +3,13 @@ package vhostuser
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -84,10 +86,14 @@ func FuzzMessage(f *testing.F) {
 			peer.Write(data)
 			peer.CloseWrite()
 		}()
-		// Replies must be well-formed headers with bounded payloads.
+		// Replies must be well-formed headers with bounded payloads, and
+		// the session must hang up once the input ends.
+		peer.SetReadDeadline(time.Now().Add(feWait))
 		for {
 			var hb [headerSize]byte
-			if _, err := io.ReadFull(peer, hb[:]); err != nil {
+			if _, err := io.ReadFull(peer, hb[:]); errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("session neither replied nor hung up within %v of the input being sent", feWait)
+			} else if err != nil {
 				break
 			}
 			h := decodeHeader(hb[:])
@@ -98,7 +104,11 @@ func FuzzMessage(f *testing.F) {
 				t.Fatalf("truncated reply: %v", err)
 			}
 		}
-		<-done
+		select {
+		case <-done:
+		case <-time.After(feWait):
+			t.Fatalf("session did not end within %v of the input ending", feWait)
+		}
 	})
 }
 
