@@ -12,6 +12,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func randomBytes(seed uint64, n int) []byte {
@@ -707,7 +708,26 @@ func TestCrashRecovery(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	line, err := bufio.NewReader(out).ReadString('\n')
+	// A child stuck before READY (a deadlock in the overlay) would otherwise
+	// hang the test; the bound is a failure message, not a speed assertion.
+	type readyLine struct {
+		line string
+		err  error
+	}
+	ready := make(chan readyLine, 1)
+	go func() {
+		line, err := bufio.NewReader(out).ReadString('\n')
+		ready <- readyLine{line, err}
+	}()
+	var line string
+	select {
+	case r := <-ready:
+		line, err = r.line, r.err
+	case <-time.After(2 * time.Minute):
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatal("child did not print READY within 2m")
+	}
 	var direct bool
 	var directWrites int
 	if _, serr := fmt.Sscanf(line, "READY %t %d\n", &direct, &directWrites); err != nil || serr != nil {
