@@ -180,13 +180,35 @@ func TestDialTimeoutNamesTransport(t *testing.T) {
 	}
 }
 
+// attemptsTransport is a transport that tells the test about each failed
+// connection attempt, so a test can act between Dial's attempts without
+// guessing how long they take.
+type attemptsTransport struct {
+	SerialTransport
+	failed chan<- error // receives each attempt's error; must not block Dial forever
+}
+
+func (t attemptsTransport) DialContext(ctx context.Context) (net.Conn, error) {
+	c, err := t.SerialTransport.DialContext(ctx)
+	if err != nil {
+		select {
+		case t.failed <- err:
+		default: // the test has seen what it waits for
+		}
+	}
+	return c, err
+}
+
 func TestDialCancelledContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
+	failed := make(chan error, 1)
 	go func() {
-		time.Sleep(50 * time.Millisecond)
+		// Cancel once Dial has failed an attempt and is waiting to retry.
+		<-failed
 		cancel()
 	}()
-	_, err := Dial(ctx, SerialTransport{Path: filepath.Join(t.TempDir(), "none.sock")}, time.Minute)
+	tr := attemptsTransport{SerialTransport{Path: filepath.Join(t.TempDir(), "none.sock")}, failed}
+	_, err := Dial(ctx, tr, time.Minute)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("want context.Canceled, got %v", err)
 	}
@@ -195,9 +217,11 @@ func TestDialCancelledContext(t *testing.T) {
 func TestDialRetriesUntilAgentAppears(t *testing.T) {
 	f := &fakeAgent{status: pb.HealthCheckResponse_SERVING}
 	path := filepath.Join(t.TempDir(), "late.sock")
-	ready := make(chan string)
+	failed := make(chan error, 1)
+	ready := make(chan string, 1)
 	go func() {
-		time.Sleep(200 * time.Millisecond)
+		// The agent appears only after Dial found nobody there.
+		<-failed
 		// serveFake needs *testing.T on this goroutine only for cleanup; start
 		// the listener by hand instead.
 		l, err := net.Listen("unix", path)
@@ -211,9 +235,15 @@ func TestDialRetriesUntilAgentAppears(t *testing.T) {
 		go srv.Serve(context.Background(), l)
 		ready <- ""
 	}()
-	c, err := Dial(context.Background(), SerialTransport{Path: path}, 10*time.Second)
-	if msg := <-ready; msg != "" {
-		t.Fatal(msg)
+	c, err := Dial(context.Background(), attemptsTransport{SerialTransport{Path: path}, failed}, 10*time.Second)
+	// Dial can only have connected to the listener the goroutine made.
+	select {
+	case msg := <-ready:
+		if msg != "" {
+			t.Fatal(msg)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Dial returned (%v) but the agent never started listening", err)
 	}
 	if err != nil {
 		t.Fatalf("Dial: %v", err)
