@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 const debianVirtiofsd = "/usr/lib/qemu/virtiofsd"
@@ -123,7 +125,7 @@ func TestCheckFailsOnHostDependentErrors(t *testing.T) {
 
 func TestCheckOnThisHost(t *testing.T) {
 	if _, err := os.Stat(debianVirtiofsd); err != nil {
-		t.Skip("Debian's qemu-system-x86 is not installed: " + err.Error())
+		testenv.Missing(t, "Debian's C virtiofsd is not installed (apt-get install qemu-system-x86): %v", err)
 	}
 	dir := t.TempDir()
 	for _, f := range []string{"vmlinux", "initrd.img"} {
@@ -149,7 +151,7 @@ func TestCheckOnThisHost(t *testing.T) {
 
 func TestCheckDAXRefusedOnDebianQEMU(t *testing.T) {
 	if _, err := os.Stat("/usr/bin/qemu-system-x86_64"); err != nil {
-		t.Skip("qemu-system-x86 not installed")
+		testenv.Missing(t, "Debian's QEMU is not installed (apt-get install qemu-system-x86): %v", err)
 	}
 	cfg := writeConfig(t, "[hypervisor.qemu]\nshared_fs = \"virtio-9p\"\nvirtio_fs_cache_size = 1024\n")
 	code, out, _ := run(t, "check", "--config", cfg)
@@ -186,9 +188,7 @@ func TestEnvPodAnnotations(t *testing.T) {
 
 // TestEnvAsNonRoot runs the real binary as nobody.
 func TestEnvAsNonRoot(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root to switch to an unprivileged user")
-	}
+	testenv.Root(t, "switching to an unprivileged user")
 	dir, err := os.MkdirTemp("", "kata-fsx-nonroot-")
 	if err != nil {
 		t.Fatal(err)

@@ -207,6 +207,10 @@ type stdinPump struct {
 	opened  bool // the fifo is open (a read was attempted)
 	busy    bool // a chunk was read and is not yet in the guest
 	closing bool // stdin was closed on request: read no more
+
+	// polling, when set, hears (without blocking) each time drained finds
+	// the fifo not yet drained and waits: tests order the pump after it.
+	polling chan<- struct{}
 }
 
 // stdinSink is the guest side of a stdinPump: the agent, or a test's recorder.
@@ -299,6 +303,10 @@ func (s *stdinPump) drained(ctx context.Context, timeout time.Duration) bool {
 			return true
 		}
 		s.mu.Unlock()
+		select {
+		case s.polling <- struct{}{}:
+		default:
+		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }

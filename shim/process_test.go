@@ -67,7 +67,8 @@ func TestStdinPumpDrainsBeforeClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pump := &stdinPump{raw: raw, done: make(chan struct{})}
+	polling := make(chan struct{}, 1)
+	pump := &stdinPump{raw: raw, done: make(chan struct{}), polling: polling}
 	sink := &recordingSink{}
 
 	// CloseIO arrives before the pump goroutine has run at all.
@@ -78,7 +79,12 @@ func TestStdinPumpDrainsBeforeClose(t *testing.T) {
 			_ = sink.CloseStdin(ctx, "c", "e")
 		}
 	}()
-	time.Sleep(100 * time.Millisecond)
+	// The pump starts only once CloseIO has seen the fifo not yet opened.
+	select {
+	case <-polling:
+	case <-time.After(10 * time.Second):
+		t.Fatal("CloseIO never waited for the pump")
+	}
 	go pump.run(ctx, sink, "c", "e")
 
 	select {
