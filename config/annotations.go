@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -120,16 +121,27 @@ func ApplyAnnotations(c *Config, annotations map[string]string) (*Config, error)
 			*u.dst = uint32(x)
 		}
 	}
+	if v, ok := annotations[AnnotationDefaultMemory]; ok && q.DefaultMemory < minMemoryMiB {
+		//lint:ignore ST1005 Kata's wording, kept so operators recognise it
+		return nil, fmt.Errorf("Memory specified in annotation %s is less than minimum required %d, please specify a larger value (got %s)", AnnotationDefaultMemory, minMemoryMiB, v)
+	}
 	if v, ok := set(AnnotationDefaultVCPUs); ok {
-		x, err := strconv.ParseUint(v, 10, 31)
-		if err != nil {
+		// Kata's annotation is a float too, refused above the host's CPUs
+		// rather than clamped as the file's value is.
+		x, err := strconv.ParseFloat(v, 32)
+		if err != nil || x < 0 || math.IsNaN(x) {
 			return nil, fmt.Errorf(errAnnotationPositiveNumericKey, AnnotationDefaultVCPUs)
 		}
-		q.DefaultVCPUs = int32(x)
+		if n := hostCPUs(); x > float64(n) {
+			return nil, fmt.Errorf("Number of cpus %f specified in annotation default_vcpus is greater than the number of CPUs %d on the system", x, n)
+		}
+		q.DefaultVCPUsRequested = float32(x)
+		q.DefaultVCPUs = resolveVCPUs(q.DefaultVCPUsRequested, hostCPUs())
 	}
 	if v, ok := set(AnnotationKernelParams); ok {
 		q.KernelParams = strings.TrimSpace(q.KernelParams + " " + v)
 	}
+	n.applyKataDefaults()
 	return n, nil
 }
 

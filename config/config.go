@@ -50,13 +50,19 @@ var DefaultPaths = []string{
 
 // QEMU is Kata's [hypervisor.qemu] table, restricted to the keys kata-fsx reads.
 type QEMU struct {
-	Path                      string   `toml:"path"`
-	Kernel                    string   `toml:"kernel"`
-	Image                     string   `toml:"image"`
-	Initrd                    string   `toml:"initrd"`
-	MachineType               string   `toml:"machine_type"`
-	KernelParams              string   `toml:"kernel_params"`
-	DefaultVCPUs              int32    `toml:"default_vcpus"`
+	Path         string `toml:"path"`
+	Kernel       string `toml:"kernel"`
+	Image        string `toml:"image"`
+	Initrd       string `toml:"initrd"`
+	MachineType  string `toml:"machine_type"`
+	KernelParams string `toml:"kernel_params"`
+	// DefaultVCPUsRequested is default_vcpus as written: a float in Kata,
+	// where 0 means one vCPU and a negative value or one above the host's
+	// CPUs means all of them.
+	DefaultVCPUsRequested float32 `toml:"default_vcpus"`
+	// DefaultVCPUs is the vCPU count the VM gets: LoadFile resolves it from
+	// DefaultVCPUsRequested by Kata's rule, rounding fractions up.
+	DefaultVCPUs              int32    `toml:"-"`
 	DefaultMemory             uint32   `toml:"default_memory"`
 	EnableHugepages           bool     `toml:"enable_hugepages"`
 	FileMemBackend            string   `toml:"file_mem_backend"`
@@ -180,7 +186,7 @@ func Default() *Config {
 			DefaultMemory:      2048,
 			SharedFS:           SharedFSVirtioFS,
 			VirtioFSQueueSize:  1024,
-			VirtioFSCache:      "auto",
+			VirtioFSCache:      defaultVirtioFSCache,
 			Msize9p:            8192,
 			BlockDeviceDriver:  "virtio-scsi",
 			BlockDeviceAIO:     "io_uring",
@@ -252,7 +258,9 @@ func Load(explicit string, fallbacks ...string) (*Config, error) {
 
 // LoadFile loads path over the defaults, then every *.toml file of the
 // config.d directory beside it in lexical order; each file overrides only
-// the keys it sets.
+// the keys it sets. Zero values Kata reads as its defaults (default_vcpus,
+// default_memory below 256, virtio_fs_cache, virtio_fs_queue_size) become
+// those defaults, and default_vcpus is resolved to DefaultVCPUs.
 func LoadFile(path string) (*Config, error) {
 	cfg := Default()
 	cfg.Path = path
@@ -283,6 +291,9 @@ func LoadFile(path string) (*Config, error) {
 		}
 		cfg.DropIns = append(cfg.DropIns, p)
 	}
+	q := cfg.QEMU()
+	q.DefaultVCPUs = resolveVCPUs(q.DefaultVCPUsRequested, hostCPUs())
+	cfg.applyKataDefaults()
 	return cfg, nil
 }
 

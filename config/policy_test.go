@@ -144,7 +144,7 @@ func TestAnnotationsDoNotMutateConfig(t *testing.T) {
 	if d.Config.QEMU().VirtioFSCache != "always" || d.Config.QEMU().DefaultMemory != 512 || len(d.Config.QEMU().VirtioFSExtraArgs) != 1 {
 		t.Fatalf("not applied: %+v", d.Config.QEMU())
 	}
-	if c.QEMU().VirtioFSCache != "auto" || c.QEMU().DefaultMemory != 2048 || len(c.QEMU().VirtioFSExtraArgs) != 0 {
+	if c.QEMU().VirtioFSCache != defaultVirtioFSCache || c.QEMU().DefaultMemory != 2048 || len(c.QEMU().VirtioFSExtraArgs) != 0 {
 		t.Fatalf("original mutated: %+v", c.QEMU())
 	}
 	if _, err := Decide(c, Pod{Annotations: map[string]string{AnnotationDefaultMemory: "-1"}}); err == nil || !strings.Contains(err.Error(), "Please specify positive numeric value") {

@@ -72,9 +72,11 @@ func Validate(c *Config, host HostFacts) error {
 			}
 		}
 	}
+	// Kata passes any queue size on and QEMU refuses a bad one at boot;
+	// QEMU's rule (a power of two up to 1024) is checked here instead.
 	if q.VirtioFSQueueSize == 0 || q.VirtioFSQueueSize&(q.VirtioFSQueueSize-1) != 0 || q.VirtioFSQueueSize > 1024 {
 		add(&Error{Key: "hypervisor.qemu.virtio_fs_queue_size", Value: fmt.Sprint(q.VirtioFSQueueSize),
-			Problem: "must be a power of two between 1 and 1024", Fix: "use 1024 (Kata's default)"})
+			Problem: "QEMU needs a power of two between 1 and 1024", Fix: "use 1024 (Kata's default), or 0 for it"})
 	}
 	switch q.BlockDeviceAIO {
 	case "threads", "native", "io_uring":
@@ -107,7 +109,8 @@ func Validate(c *Config, host HostFacts) error {
 			Fix:     "lower default_memory or grow /dev/shm (mount -o remount,size=... /dev/shm)", Host: true})
 	}
 	if q.DefaultVCPUs < 1 {
-		add(&Error{Key: "hypervisor.qemu.default_vcpus", Value: fmt.Sprint(q.DefaultVCPUs), Problem: "must be at least 1", Fix: "set it to 1 or more"})
+		add(&Error{Key: "hypervisor.qemu.default_vcpus", Value: fmt.Sprint(q.DefaultVCPUsRequested), Problem: "is not a number of vCPUs",
+			Fix: "set a number: 0 for Kata's default of 1, a negative value for all host CPUs"})
 	}
 	if q.Image != "" && q.Initrd != "" {
 		add(&Error{Key: "hypervisor.qemu.initrd", Value: q.Initrd, Problem: "cannot specify an image and an initrd",
