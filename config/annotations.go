@@ -44,6 +44,7 @@ func (c *Config) Clone() *Config {
 	q.ValidHypervisorPaths = append([]string(nil), q.ValidHypervisorPaths...)
 	n.Agent.Kata.KernelModules = append([]string(nil), c.Agent.Kata.KernelModules...)
 	n.DropIns = append([]string(nil), c.DropIns...)
+	n.Ignored = append([]IgnoredKey(nil), c.Ignored...)
 	if c.Annotated != nil {
 		n.Annotated = make(map[string]string, len(c.Annotated))
 		for k, v := range c.Annotated {

@@ -150,6 +150,9 @@ type Config struct {
 	DropIns []string `toml:"-"`
 	// Annotated records the pod annotations ApplyAnnotations used.
 	Annotated map[string]string `toml:"-"`
+	// Ignored lists the Kata keys set to change the VM in ways kata-fsx
+	// does not implement; callers report them (check, the shim's log).
+	Ignored []IgnoredKey `toml:"-"`
 }
 
 // QEMU returns the [hypervisor.qemu] table.
@@ -264,7 +267,8 @@ func Load(explicit string, fallbacks ...string) (*Config, error) {
 func LoadFile(path string) (*Config, error) {
 	cfg := Default()
 	cfg.Path = path
-	md, err := decodeFile(path, cfg)
+	written := map[string]string{}
+	md, err := decodeFile(path, cfg, written)
 	if err != nil {
 		return nil, err
 	}
@@ -286,7 +290,7 @@ func LoadFile(path string) (*Config, error) {
 	sort.Strings(names)
 	for _, n := range names {
 		p := filepath.Join(dropDir, n)
-		if _, err := decodeFile(p, cfg); err != nil {
+		if _, err := decodeFile(p, cfg, written); err != nil {
 			return nil, err
 		}
 		cfg.DropIns = append(cfg.DropIns, p)
@@ -294,10 +298,13 @@ func LoadFile(path string) (*Config, error) {
 	q := cfg.QEMU()
 	q.DefaultVCPUs = resolveVCPUs(q.DefaultVCPUsRequested, hostCPUs())
 	cfg.applyKataDefaults()
+	cfg.Ignored = ignoredKeys(written)
 	return cfg, nil
 }
 
-func decodeFile(path string, cfg *Config) (toml.MetaData, error) {
+// decodeFile decodes path over cfg and records in written the values of
+// the Kata keys kata-fsx ignores.
+func decodeFile(path string, cfg *Config, written map[string]string) (toml.MetaData, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return toml.MetaData{}, fmt.Errorf("read configuration: %w", err)
@@ -310,6 +317,7 @@ func decodeFile(path string, cfg *Config) (toml.MetaData, error) {
 		}
 		return md, fmt.Errorf("%s: invalid TOML: %w", path, err)
 	}
+	collectWritten(string(data), written)
 	// Kata ignores keys it does not know, so we must too in Kata's tables;
 	// our own table is ours to police, which catches typos early.
 	for _, k := range md.Undecoded() {

@@ -11,6 +11,8 @@ import (
 func FuzzLoadFile(f *testing.F) {
 	stock, _ := os.ReadFile("testdata/kata-stock.toml")
 	f.Add(stock)
+	kata, _ := os.ReadFile("testdata/kata-configuration-qemu.toml")
+	f.Add(kata)
 	f.Add([]byte("[hypervisor.qemu]\nshared_fs = \"auto\"\n[kata_fsx.imagefs_blk]\nqueue_size = 0\n"))
 	f.Add([]byte("[hypervisor.qemu]\nvirtio_fs_extra_args = [\"-o\"]\n"))
 	f.Add([]byte("[hypervisor]\nqemu = 3\n"))

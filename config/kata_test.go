@@ -2,9 +2,12 @@ package config
 
 import (
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/BurntSushi/toml"
 )
 
 func TestResolveVCPUsAsKata(t *testing.T) {
@@ -75,5 +78,79 @@ func TestVCPUAndMemoryAnnotationsAsKata(t *testing.T) {
 	}
 	if _, err := ApplyAnnotations(c, map[string]string{AnnotationDefaultMemory: "100"}); err == nil || !strings.Contains(err.Error(), "less than minimum required 256") {
 		t.Fatalf("small memory: %v", err)
+	}
+}
+
+// TestKataStockConfigIgnoredKeys loads Kata's own configuration-qemu.toml,
+// rendered from Kata's repository, and holds the exact list of VM-changing
+// keys it sets that kata-fsx does not implement.
+func TestKataStockConfigIgnoredKeys(t *testing.T) {
+	c, err := LoadFile("testdata/kata-configuration-qemu.toml")
+	if err != nil {
+		t.Fatalf("Kata's configuration-qemu.toml did not load: %v", err)
+	}
+	q := c.QEMU()
+	if q.Path != "/usr/bin/qemu-system-x86_64" || q.VirtioFSDaemon != "/usr/libexec/virtiofsd" || q.DefaultVCPUs != 1 || q.DefaultMemory != 2048 || q.VirtioFSCache != "auto" {
+		t.Fatalf("keys not read: %+v", q)
+	}
+	var got []string
+	for _, k := range c.Ignored {
+		got = append(got, k.Key+" = "+k.Value)
+	}
+	want := []string{
+		`hypervisor.qemu.cpu_features = "pmu=off"`,
+		`hypervisor.qemu.disable_block_device_use = true`,
+		`hypervisor.qemu.image = "/usr/share/kata-containers/kata-containers.img"`,
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("ignored keys of Kata's stock file:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestIgnoredKeysFollowDropIns(t *testing.T) {
+	dir := t.TempDir()
+	base := writeFile(t, filepath.Join(dir, "configuration.toml"), "[hypervisor.qemu]\nenable_hugepages = true\ndefault_maxmemory = 8192\n[factory]\nenable_template = true\n", 0o644)
+	writeFile(t, filepath.Join(dir, "config.d", "10.toml"), "[hypervisor.qemu]\nenable_hugepages = false\n[agent.kata]\ndebug_console_enabled = true\n", 0o644)
+	c, err := LoadFile(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, k := range c.Ignored {
+		got = append(got, k.String())
+	}
+	want := []string{
+		"agent.kata.debug_console_enabled = true ignored by kata-fsx: no debug console in the guest (Kata's default: false)",
+		"factory.enable_template = true ignored by kata-fsx: no VM templating (Kata's default: false)",
+		"hypervisor.qemu.default_maxmemory = 8192 ignored by kata-fsx: no memory hot-plug: the VM has default_memory, no more (Kata's default: 0)",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("got:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestIgnoredTableKeysAreKatas checks that every key of the table is a key
+// of Kata's configuration-qemu.toml, so a misspelt row cannot hide.
+func TestIgnoredTableKeysAreKatas(t *testing.T) {
+	data, err := os.ReadFile("testdata/kata-configuration-qemu.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw map[string]any
+	if _, err := toml.Decode(string(data), &raw); err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range kataIgnored {
+		var v any = raw
+		for _, part := range strings.Split(row.key, ".") {
+			m, _ := v.(map[string]any)
+			v = m[part]
+		}
+		if v == nil {
+			t.Errorf("%s is not a key of Kata's configuration-qemu.toml", row.key)
+		}
+		if row.reason == "" || strings.Contains(row.reason, "\n") {
+			t.Errorf("%s: want a one-line reason", row.key)
+		}
 	}
 }
