@@ -38,7 +38,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stdout, "%s  %-22s %v\n", fail, "configuration", err)
 		return 1
 	}
-	lines := hostChecks(c, probeHost(ctx, c))
+	lines := append(hostChecks(c, probeHost(ctx, c)), ignoredChecks(c)...)
 	failed := false
 	for _, l := range lines {
 		fmt.Fprintf(stdout, "%s  %-22s %s", l.st, l.name, l.detail)
@@ -52,6 +52,17 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 1
 	}
 	return 0
+}
+
+// ignoredChecks names each Kata key the configuration sets to change the VM
+// in a way kata-fsx does not implement.
+func ignoredChecks(c *config.Config) []checkLine {
+	var out []checkLine
+	for _, k := range c.Ignored {
+		// The trailing space keeps two spaces after keys longer than the column.
+		out = append(out, checkLine{warn, k.Key + " ", fmt.Sprintf("ignored by kata-fsx: %s (it is %s)", k.Reason, k.Value), "remove it, or set it to " + k.Default})
+	}
+	return out
 }
 
 func hostChecks(c *config.Config, h *hostState) []checkLine {

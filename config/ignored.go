@@ -20,7 +20,7 @@ type IgnoredKey struct {
 }
 
 func (k IgnoredKey) String() string {
-	return fmt.Sprintf("%s = %s ignored by kata-fsx: %s (Kata's default: %s)", k.Key, k.Value, k.Reason, k.Default)
+	return fmt.Sprintf("%s = %s ignored by kata-fsx: %s (set it to %s or remove it)", k.Key, k.Value, k.Reason, k.Default)
 }
 
 // kataIgnored lists every key of Kata's configuration-qemu.toml.in that

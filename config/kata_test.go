@@ -120,9 +120,9 @@ func TestIgnoredKeysFollowDropIns(t *testing.T) {
 		got = append(got, k.String())
 	}
 	want := []string{
-		"agent.kata.debug_console_enabled = true ignored by kata-fsx: no debug console in the guest (Kata's default: false)",
-		"factory.enable_template = true ignored by kata-fsx: no VM templating (Kata's default: false)",
-		"hypervisor.qemu.default_maxmemory = 8192 ignored by kata-fsx: no memory hot-plug: the VM has default_memory, no more (Kata's default: 0)",
+		"agent.kata.debug_console_enabled = true ignored by kata-fsx: no debug console in the guest (set it to false or remove it)",
+		"factory.enable_template = true ignored by kata-fsx: no VM templating (set it to false or remove it)",
+		"hypervisor.qemu.default_maxmemory = 8192 ignored by kata-fsx: no memory hot-plug: the VM has default_memory, no more (set it to 0 or remove it)",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("got:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

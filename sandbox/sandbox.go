@@ -122,6 +122,9 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 	cfg := d.Config
 	s := newSandbox(ctx, spec.ID, d)
 	log.G(ctx).WithField("sandbox", spec.ID).Infof("backend %s: %s", d.Backend, d.Reason)
+	for _, k := range cfg.Ignored {
+		log.G(ctx).WithField("sandbox", spec.ID).Warnf("%s", k)
+	}
 	defer func() {
 		if err != nil {
 			if serr := s.Stop(context.Background()); serr != nil {
