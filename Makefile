@@ -55,10 +55,16 @@ lint:
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
+# Installs beside Kata: our configuration is configuration-fsx.toml under
+# Kata's defaults directory (an admin overrides it with
+# /etc/kata-containers/configuration-fsx.toml); Kata's own configuration.toml
+# is never written.
+CONFDIR    ?= /usr/share/defaults/kata-containers
+
 install: build
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)/etc/kata-containers
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(CONFDIR)
 	install -m 0755 $(addprefix bin/,$(BINARIES)) $(DESTDIR)$(PREFIX)/bin/
-	install -m 0644 $(BUILD)/configuration.toml $(DESTDIR)/etc/kata-containers/configuration.toml
+	install -m 0644 $(BUILD)/configuration.toml $(DESTDIR)$(CONFDIR)/configuration-fsx.toml
 
 # Benchmarks write their tables into docs/benchmarks.md and raw numbers
 # into docs/bench/*.json. bench-suite is `kata-fsx bench`: every backend

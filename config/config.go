@@ -42,10 +42,13 @@ const (
 const EnvConfigFile = "KATA_FSX_CONF_FILE"
 
 // DefaultPaths are the system locations searched, in order, after an
-// explicit path and the environment variable.
+// explicit path and the environment variable: an admin's override in /etc,
+// then the file 'make install' writes. They are kata-fsx's own file beside
+// Kata's configuration.toml, which Kata's runtime reads first and which
+// kata-fsx must never shadow.
 var DefaultPaths = []string{
-	"/etc/kata-containers/configuration.toml",
-	"/usr/share/defaults/kata-containers/configuration.toml",
+	"/etc/kata-containers/configuration-fsx.toml",
+	"/usr/share/defaults/kata-containers/configuration-fsx.toml",
 }
 
 // QEMU is Kata's [hypervisor.qemu] table, restricted to the keys kata-fsx reads.
