@@ -134,6 +134,7 @@ func ApplyAnnotations(c *Config, annotations map[string]string) (*Config, error)
 			return nil, fmt.Errorf(errAnnotationPositiveNumericKey, AnnotationDefaultVCPUs)
 		}
 		if n := hostCPUs(); x > float64(n) {
+			//lint:ignore ST1005 Kata's wording, kept so operators recognise it
 			return nil, fmt.Errorf("Number of cpus %f specified in annotation default_vcpus is greater than the number of CPUs %d on the system", x, n)
 		}
 		q.DefaultVCPUsRequested = float32(x)
