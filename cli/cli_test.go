@@ -95,7 +95,7 @@ func TestEnvWithQEMUAndDaemonMissing(t *testing.T) {
 func TestEnvFailsNamingTheKey(t *testing.T) {
 	cases := map[string]string{
 		"hypervisor.qemu.shared_fs":        "[hypervisor.qemu]\nshared_fs = \"nfs\"\n",
-		"hypervisor.qemu.default_memory":   "[hypervisor.qemu]\ndefault_memory = 0\nshared_fs = \"virtio-9p\"\n",
+		"hypervisor.qemu.default_vcpus":    "[hypervisor.qemu]\ndefault_vcpus = nan\nshared_fs = \"virtio-9p\"\n",
 		"hypervisor.qemu.virtio_fs_daemon": "[hypervisor.qemu]\nshared_fs = \"virtio-fs\"\nvirtio_fs_daemon = \"\"\n",
 		"kata_fsx.imagefs_blk.queue_size":  "[hypervisor.qemu]\nshared_fs = \"virtio-9p\"\n[kata_fsx.imagefs_blk]\nqueue_size = 3\n",
 		":3:":                              "[hypervisor.qemu]\n\nshared_fs = virtio\n",
@@ -212,5 +212,14 @@ func TestEnvAsNonRoot(t *testing.T) {
 	var info EnvInfo
 	if err := json.Unmarshal(out, &info); err != nil || info.Hypervisor.VirtioFSDaemon != "/usr/lib/qemu/virtiofsd" {
 		t.Fatalf("env as nobody: %v %+v", err, info.Hypervisor)
+	}
+}
+
+func TestCheckNamesIgnoredKataKeys(t *testing.T) {
+	_, out, _ := run(t, "check", "--config", "../config/testdata/kata-configuration-qemu.toml")
+	for _, key := range []string{"hypervisor.qemu.cpu_features", "hypervisor.qemu.disable_block_device_use", "hypervisor.qemu.image"} {
+		if !strings.Contains(out, "WARN  "+key+"  ignored by kata-fsx: ") {
+			t.Errorf("no WARN line for %s in:\n%s", key, out)
+		}
 	}
 }
