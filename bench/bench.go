@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/host"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
-	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
 
 // Options are the settings of one bench run.
@@ -245,42 +245,31 @@ func Run(ctx context.Context, o Options, defaultConfig string, stdout, stderr io
 }
 
 func (d *driver) probeHost(ctx context.Context) error {
-	q := d.base.QEMU()
-	caps, err := hypervisor.Probe(ctx, q.Path)
-	if err != nil {
-		return err
+	// One probe for every row, the shim's own (host.Probe), so no row pays
+	// the KVM boot probe and the rows run on what a pod here would get.
+	h := host.Probe(ctx, d.base)
+	if h.QEMUErr != nil {
+		return h.QEMUErr
 	}
-	d.caps = HostCaps{Root: os.Geteuid() == 0, DAX: caps.DAX, QEMUVersion: caps.VersionLine}
-	if _, err := os.Stat("/dev/vhost-vsock"); err == nil {
-		d.caps.VhostVsock = true
-	}
+	d.caps = HostCaps{Root: os.Geteuid() == 0, DAX: h.QEMU.DAX, VhostVsock: h.Vsock, QEMUVersion: h.QEMU.VersionLine}
 	d.host = map[string]string{
-		"cpus": fmt.Sprint(runtime.NumCPU()), "qemu": caps.VersionLine, "go": runtime.Version(),
+		"cpus": fmt.Sprint(h.System.CPUs), "qemu": h.QEMU.VersionLine, "go": runtime.Version(),
 		"cpu": "unknown", "loadavg_start": LoadAvg(), "virtiofsd": "none configured",
+		"kernel": h.System.Kernel,
 	}
-	if q.VirtioFSDaemon != "" {
-		if dm, err := virtiofs.Detect(ctx, q.VirtioFSDaemon); err == nil {
-			d.caps.Virtiofsd = dm.Path
-			d.host["virtiofsd"] = fmt.Sprintf("%s (%s flavour, %s)", dm.Path, dm.Flavour, dm.Version)
-		} else {
-			d.host["virtiofsd"] = err.Error()
-		}
+	if h.System.CPUModel != "" {
+		d.host["cpu"] = h.System.CPUModel
 	}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-				d.host["cpu"] = strings.TrimSpace(v)
-				break
-			}
-		}
+	switch {
+	case h.Daemon != nil:
+		d.caps.Virtiofsd = h.Daemon.Path
+		d.host["virtiofsd"] = fmt.Sprintf("%s (%s flavour, %s)", h.Daemon.Path, h.Daemon.Flavour, h.Daemon.Version)
+	case h.DaemonErr != nil:
+		d.host["virtiofsd"] = h.DaemonErr.Error()
 	}
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		d.host["kernel"] = strings.TrimSpace(string(b))
-	}
-	// One accelerator verdict for every row, so no row pays the KVM boot probe.
-	accel, why := hypervisor.ChooseAccel(ctx, d.base.KataFSX.Accelerator, q.Path, q.Kernel, d.base.KataFSX.StateDir)
-	d.accel, d.caps.Accel = string(accel), string(accel)
-	d.host["accel"], d.host["accel_reason"] = string(accel), why
+	d.accel, d.caps.Accel = string(h.Accel), string(h.Accel)
+	d.host["accel"], d.host["accel_reason"] = string(h.Accel), h.AccelReason
+	d.host["agent_transport"] = h.Transport + " (" + h.TransportReason + ")"
 	d.aio, d.host["block_device_aio"] = d.probeAIO(ctx)
 	return nil
 }

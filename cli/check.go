@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/host"
+	"github.com/kata-fsx/kata-fsx/hypervisor"
 )
 
 type status string
@@ -38,7 +40,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stdout, "%s  %-22s %v\n", fail, "configuration", err)
 		return 1
 	}
-	lines := append(hostChecks(c, probeHost(ctx, c)), ignoredChecks(c)...)
+	lines := append(hostChecks(c, host.Probe(ctx, c)), ignoredChecks(c)...)
 	failed := false
 	for _, l := range lines {
 		fmt.Fprintf(stdout, "%s  %-22s %s", l.st, l.name, l.detail)
@@ -65,22 +67,22 @@ func ignoredChecks(c *config.Config) []checkLine {
 	return out
 }
 
-func hostChecks(c *config.Config, h *hostState) []checkLine {
+func hostChecks(c *config.Config, h *host.Host) []checkLine {
 	q := c.QEMU()
 	var out []checkLine
 	add := func(st status, name, detail, fix string) { out = append(out, checkLine{st, name, detail, fix}) }
 
 	add(pass, "configuration", fmt.Sprintf("%s (shared_fs %s from %s)", c.Path, c.SharedFS(), c.SharedFSKey()), "")
-	if err := config.Validate(c, h.facts()); err != nil {
+	if err := config.Validate(c, h.Facts()); err != nil {
 		for _, e := range unjoin(err) {
 			add(fail, "configuration", e.Error(), "")
 		}
 	}
 
-	if h.capsErr != nil {
-		add(fail, "qemu", h.capsErr.Error(), "apt-get install qemu-system-x86, or set hypervisor.qemu.path")
+	if h.QEMUErr != nil {
+		add(fail, "qemu", h.QEMUErr.Error(), "apt-get install qemu-system-x86, or set hypervisor.qemu.path")
 	} else {
-		add(pass, "qemu", fmt.Sprintf("%s: %s", h.caps.Path, h.caps.VersionLine), "")
+		add(pass, "qemu", fmt.Sprintf("%s: %s", h.QEMU.Path, h.QEMU.VersionLine), "")
 		dev := func(name string, have bool, needed bool, why, fix string) {
 			switch {
 			case have:
@@ -91,12 +93,12 @@ func hostChecks(c *config.Config, h *hostState) []checkLine {
 				add(warn, name, "not supported by this QEMU: "+why, fix)
 			}
 		}
-		dev("vhost-user-fs-pci", h.caps.VhostUserFS, c.NeedsVirtioFS(), "virtio-fs pods cannot run", "use a QEMU with virtio-fs")
-		dev("vhost-user-blk-pci", h.caps.VhostUserBlk, c.SharedFS() == config.SharedFSImagefsBlk || c.SharedFS() == config.SharedFSAuto, "imagefs-blk pods cannot run", "use a QEMU with vhost-user-blk")
-		dev("virtio-9p-pci", h.caps.Virtio9P, c.SharedFS() == config.SharedFS9P, "virtio-9p comparison runs cannot run", "use a QEMU with virtfs")
-		dev("vhost-vsock-pci", h.caps.VhostVsock, c.KataFSX.AgentTransport == config.TransportVsock, "the agent will use virtio-serial", "")
+		dev("vhost-user-fs-pci", h.QEMU.VhostUserFS, c.NeedsVirtioFS(), "virtio-fs pods cannot run", "use a QEMU with virtio-fs")
+		dev("vhost-user-blk-pci", h.QEMU.VhostUserBlk, c.SharedFS() == config.SharedFSImagefsBlk || c.SharedFS() == config.SharedFSAuto, "imagefs-blk pods cannot run", "use a QEMU with vhost-user-blk")
+		dev("virtio-9p-pci", h.QEMU.Virtio9P, c.SharedFS() == config.SharedFS9P, "virtio-9p comparison runs cannot run", "use a QEMU with virtfs")
+		dev("vhost-vsock-pci", h.QEMU.VhostVsock, c.KataFSX.AgentTransport == config.TransportVsock, "the agent will use virtio-serial", "")
 		switch {
-		case h.caps.DAX:
+		case h.QEMU.DAX:
 			add(pass, "virtio-fs DAX", "cache-size supported by this QEMU", "")
 		case q.VirtioFSCacheSize > 0:
 			add(fail, "virtio-fs DAX", fmt.Sprintf("virtio_fs_cache_size = %d but this QEMU has no cache-size property on vhost-user-fs-pci (upstream QEMU never merged DAX)", q.VirtioFSCacheSize), "set virtio_fs_cache_size = 0")
@@ -110,14 +112,14 @@ func hostChecks(c *config.Config, h *hostState) []checkLine {
 		add(fail, "virtiofsd", "virtio_fs_daemon is not set", "set hypervisor.qemu.virtio_fs_daemon")
 	case q.VirtioFSDaemon == "":
 		add(pass, "virtiofsd", "not configured (not needed for shared_fs = "+c.SharedFS()+")", "")
-	case h.daemonErr != nil:
+	case h.DaemonErr != nil:
 		st := warn
 		if c.NeedsVirtioFS() {
 			st = fail
 		}
-		add(st, "virtiofsd", h.daemonErr.Error(), "install virtiofsd (Debian: qemu-system-common has /usr/lib/qemu/virtiofsd) or fix virtio_fs_daemon")
+		add(st, "virtiofsd", h.DaemonErr.Error(), "install virtiofsd (Debian: qemu-system-common has /usr/lib/qemu/virtiofsd) or fix virtio_fs_daemon")
 	default:
-		d := h.daemon
+		d := h.Daemon
 		add(pass, "virtiofsd", fmt.Sprintf("%s: %s flavour, version %s", d.Path, flavourName(d.Flavour), d.Version), "")
 		if m, err := config.DaemonCacheMode(q.VirtioFSCache, d.Flavour); err != nil {
 			add(fail, "virtiofsd cache mode", err.Error(), "")
@@ -131,31 +133,36 @@ func hostChecks(c *config.Config, h *hostState) []checkLine {
 		}
 	}
 
-	if h.accel == "kvm" {
-		add(pass, "kvm", h.accelWhy, "")
+	if h.Accel == hypervisor.AccelKVM {
+		add(pass, "kvm", h.AccelReason, "")
 	} else {
 		fix := "load kvm_intel/kvm_amd and give the runtime access to /dev/kvm"
-		if strings.Contains(h.accelWhy, "does not boot under KVM") {
+		if strings.Contains(h.AccelReason, "does not boot under KVM") {
 			fix = "this host's KVM (often nested virtualization) cannot run the guest; fix the host's KVM, or set kata_fsx.accelerator = \"tcg\" to skip the probe"
 		}
-		add(warn, "kvm", "not usable: "+h.accelWhy+"; guests run under TCG, much slower", fix)
+		add(warn, "kvm", "not usable: "+h.AccelReason+"; guests run under TCG, much slower", fix)
 	}
-	if h.vsock {
-		add(pass, "vhost-vsock", "/dev/vhost-vsock usable: agent over vsock", "")
+	if h.TransportErr != nil {
+		add(fail, "agent transport", fmt.Sprintf("%s (%s): the shim refuses every pod: %v", h.Transport, h.TransportReason, h.TransportErr), `set kata_fsx.agent_transport = "auto"`)
 	} else {
-		add(warn, "vhost-vsock", h.vsockWhy+"; the agent uses a virtio-serial port instead", "modprobe vhost_vsock")
+		add(pass, "agent transport", fmt.Sprintf("%s (%s)", h.Transport, h.TransportReason), "")
 	}
-	if h.shmErr != nil {
-		add(warn, "/dev/shm", h.shmErr.Error(), "mount a tmpfs on /dev/shm")
-	} else if c.NeedsSharedMemory() && uint64(q.DefaultMemory) > h.shmFree {
-		add(fail, "/dev/shm", fmt.Sprintf("%d MiB free, default_memory is %d MiB and vhost-user devices need guest RAM there", h.shmFree, q.DefaultMemory), "grow /dev/shm or lower default_memory")
+	if h.Vsock {
+		add(pass, "vhost-vsock", "/dev/vhost-vsock usable; kata-fsx does not use it yet", "")
 	} else {
-		add(pass, "/dev/shm", fmt.Sprintf("%d MiB free for %d MiB of guest memory", h.shmFree, q.DefaultMemory), "")
+		add(pass, "vhost-vsock", "not usable: "+h.VsockReason+"; kata-fsx does not use it yet", "")
 	}
-	if h.memfd {
+	if h.ShmErr != nil {
+		add(warn, "/dev/shm", h.ShmErr.Error(), "mount a tmpfs on /dev/shm")
+	} else if c.NeedsSharedMemory() && uint64(q.DefaultMemory) > h.ShmFreeMiB {
+		add(fail, "/dev/shm", fmt.Sprintf("%d MiB free, default_memory is %d MiB and vhost-user devices need guest RAM there", h.ShmFreeMiB, q.DefaultMemory), "grow /dev/shm or lower default_memory")
+	} else {
+		add(pass, "/dev/shm", fmt.Sprintf("%d MiB free for %d MiB of guest memory", h.ShmFreeMiB, q.DefaultMemory), "")
+	}
+	if h.Memfd {
 		add(pass, "memfd", "memfd_create works", "")
 	} else {
-		add(warn, "memfd", h.memfdWhy, "")
+		add(warn, "memfd", h.MemfdReason, "")
 	}
 	for _, p := range []struct{ key, path string }{{"kernel", q.Kernel}, {"image", q.Image}, {"initrd", q.Initrd}} {
 		switch {

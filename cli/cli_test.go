@@ -67,7 +67,7 @@ func TestEnvTOMLHasKataSections(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
 	for _, s := range []string{"[Kernel]", "[Meta]", "[Image]", "[Initrd]", "[Hypervisor]", "[Runtime]", "[Runtime.Config]", "[Host]", "[Agent]", "[ImagefsBlk]",
-		"MachineType =", "SharedFS =", "VirtioFSDaemon =", "BlockDeviceDriver =", "VirtioFSDaemonFlavour =", "DAXSupported =", "Accelerator =", "Transport ="} {
+		"MachineType =", "SharedFS =", "VirtioFSDaemon =", "BlockDeviceDriver =", "VirtioFSDaemonFlavour =", "DAXSupported =", "Accelerator =", "Transport =", "[Hypervisor.SecurityInfo]", "[Runtime.Version.Version]"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("env output lacks %q", s)
 		}
@@ -143,9 +143,34 @@ func TestCheckOnThisHost(t *testing.T) {
 			t.Errorf("check output lacks %q:\n%s", want, out)
 		}
 	}
-	// vsock and KVM are warnings when absent, never failures.
-	if _, err := os.Stat("/dev/vhost-vsock"); err != nil && !strings.Contains(out, "WARN  vhost-vsock") {
-		t.Errorf("no vsock warning:\n%s", out)
+	// Without vsock wired, auto is virtio-serial on every host, and a
+	// missing /dev/vhost-vsock is no problem to fix.
+	if !strings.Contains(out, "PASS  agent transport        virtio-serial (auto: ") {
+		t.Errorf("auto transport is not virtio-serial:\n%s", out)
+	}
+	if strings.Contains(out, "vhost_vsock") {
+		t.Errorf("check advises loading vhost_vsock, which kata-fsx does not use:\n%s", out)
+	}
+}
+
+// TestCheckFailsOnVsockTransport: an explicit vsock transport is refused by
+// the shim for every pod, so check fails on it rather than passing.
+func TestCheckFailsOnVsockTransport(t *testing.T) {
+	cfg := writeConfig(t, "[hypervisor.qemu]\nshared_fs = \"virtio-9p\"\n[kata_fsx]\nagent_transport = \"vsock\"\naccelerator = \"tcg\"\n")
+	code, out, _ := run(t, "check", "--config", cfg)
+	if code == 0 || !strings.Contains(out, "FAIL  agent transport        vsock") || !strings.Contains(out, "refuses every pod") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	code, jsonOut, stderr := run(t, "env", "--json", "--config", cfg)
+	if code != 0 {
+		t.Fatalf("env: exit %d: %s", code, stderr)
+	}
+	var info EnvInfo
+	if err := json.Unmarshal([]byte(jsonOut), &info); err != nil {
+		t.Fatal(err)
+	}
+	if info.Agent.Transport != "vsock" || !strings.Contains(info.Agent.TransportError, "not wired") || !strings.Contains(stderr, "refuses every pod") {
+		t.Fatalf("env: %+v; stderr %s", info.Agent, stderr)
 	}
 }
 

@@ -8,30 +8,38 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
 
 	"github.com/BurntSushi/toml"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/host"
+	"github.com/kata-fsx/kata-fsx/hypervisor"
+	"github.com/kata-fsx/kata-fsx/sandbox"
 )
 
-// envFormatVersion is the [Meta] Version of `kata-runtime env` whose layout we follow.
-const envFormatVersion = "1.0.26"
+// envFormatVersion is the [Meta] Version of `kata-runtime env` whose
+// layout we follow (formatVersion in Kata's kata-env.go).
+const envFormatVersion = "1.0.27"
 
 const notFound = "not found"
 
-// EnvInfo is what `kata-fsx env` prints: kata-runtime env's sections and
-// field names, plus kata-fsx's own.
+// EnvInfo is what `kata-fsx env` prints: every section and field of
+// kata-runtime env at its path and with its type, and kata-fsx's own
+// fields added after Kata's (never in their place).
 type EnvInfo struct {
 	Kernel     KernelInfo
 	Meta       MetaInfo
 	Image      PathInfo
 	Initrd     PathInfo
 	Hypervisor HypervisorInfo
-	ImagefsBlk ImagefsBlkInfo
 	Runtime    RuntimeInfo
 	Host       HostInfo
 	Agent      AgentInfo
+	ImagefsBlk ImagefsBlkInfo
 	Policy     *PolicyInfo `toml:",omitempty" json:",omitempty"`
 }
 
@@ -53,11 +61,18 @@ type HypervisorInfo struct {
 	Version           string
 	Path              string
 	BlockDeviceDriver string
+	EntropySource     string
 	SharedFS          string
 	VirtioFSDaemon    string
+	SocketPath        string
 	Msize9p           uint32
 	MemorySlots       uint32
+	HotPlugVFIO       string
+	ColdPlugVFIO      string
+	PCIeRootPort      uint32
+	PCIeSwitchPort    uint32
 	Debug             bool
+	SecurityInfo      SecurityInfo
 
 	VirtioFSDaemonFlavour string
 	VirtioFSDaemonVersion string
@@ -69,8 +84,18 @@ type HypervisorInfo struct {
 	DAXSupported          bool
 	Accelerator           string
 	AcceleratorReason     string
+	AcceleratorCacheDir   string
 	DefaultMemory         uint32
 	DefaultVCPUs          int32
+}
+
+// SecurityInfo is [Hypervisor.SecurityInfo].
+type SecurityInfo struct {
+	Rootless          bool
+	DisableSeccomp    bool
+	GuestHookPath     string
+	EnableAnnotations []string
+	ConfidentialGuest bool
 }
 
 // ImagefsBlkInfo is the [ImagefsBlk] section: the kata_fsx.imagefs_blk table.
@@ -86,10 +111,23 @@ type ImagefsBlkInfo struct {
 
 // RuntimeInfo is the [Runtime] section.
 type RuntimeInfo struct {
-	Path    string
-	Debug   bool
-	Config  RuntimeConfigInfo
-	Version RuntimeVersionInfo
+	Config              RuntimeConfigInfo
+	Path                string
+	GuestSeLinuxLabel   string
+	Experimental        []ExperimentalFeature
+	Version             RuntimeVersionInfo
+	Debug               bool
+	Trace               bool
+	DisableGuestSeccomp bool
+	DisableNewNetNs     bool
+	SandboxCgroupOnly   bool
+}
+
+// ExperimentalFeature is an element of [Runtime] Experimental.
+type ExperimentalFeature struct {
+	Name        string
+	Description string
+	ExpRelease  string
 }
 
 // RuntimeConfigInfo is [Runtime.Config].
@@ -100,21 +138,32 @@ type RuntimeConfigInfo struct {
 
 // RuntimeVersionInfo is [Runtime.Version].
 type RuntimeVersionInfo struct {
+	OCI     string
+	Version VersionInfo
+}
+
+// VersionInfo is [Runtime.Version.Version]: kata-fsx's release.
+type VersionInfo struct {
 	Semver string
-	OCI    string
+	Commit string
+	Major  uint64
+	Minor  uint64
+	Patch  uint64
 }
 
 // HostInfo is the [Host] section.
 type HostInfo struct {
-	Kernel             string
-	Architecture       string
-	VMContainerCapable bool
-	SupportVSocks      bool
-	Distro             DistroInfo
-	CPU                CPUInfo
-	Memory             MemoryInfo
-	ShmFreeMiB         uint64
-	Memfd              bool
+	AvailableGuestProtections []string
+	Kernel                    string
+	Architecture              string
+	Distro                    DistroInfo
+	CPU                       CPUInfo
+	Memory                    MemoryInfo
+	VMContainerCapable        bool
+	SupportVSocks             bool
+
+	ShmFreeMiB uint64
+	Memfd      bool
 }
 
 // DistroInfo is [Host.Distro].
@@ -131,11 +180,16 @@ type MemoryInfo struct{ Total, Free, Available uint64 }
 
 // AgentInfo is the [Agent] section.
 type AgentInfo struct {
-	Debug           bool
+	Debug bool
+	Trace bool
+
 	DialTimeout     uint32
 	KernelModules   []string
 	Transport       string
 	TransportReason string
+	// TransportError is the shim's refusal of every pod with this
+	// transport; empty when pods boot.
+	TransportError string
 }
 
 // PolicyInfo is the backend decision for the pod given with --pod-annotations.
@@ -150,7 +204,7 @@ type PolicyInfo struct {
 func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("env", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	cfgPath := fs.String("config", "", "configuration file (default: $KATA_FSX_CONF_FILE, /etc/kata-containers/configuration.toml, /usr/share/defaults/kata-containers/configuration.toml)")
+	cfgPath := fs.String("config", "", "configuration file (default: $"+config.EnvConfigFile+", then "+strings.Join(config.DefaultPaths, ", ")+")")
 	asJSON := fs.Bool("json", false, "print JSON instead of TOML")
 	podAnn := fs.String("pod-annotations", "", "JSON file with a pod's annotations: print the backend the policy picks for it")
 	rootfsType := fs.String("rootfs-type", "overlay", "with --pod-annotations: the pod's rootfs (overlay, dir or other)")
@@ -162,8 +216,8 @@ func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kata-fsx env: %v\n", err)
 		return 1
 	}
-	h := probeHost(ctx, c)
-	if err := config.Validate(c, h.facts()); err != nil {
+	h := host.Probe(ctx, c)
+	if err := config.Validate(c, h.Facts()); err != nil {
 		if failed := reportValidation(stderr, err, false); failed {
 			return 1
 		}
@@ -177,8 +231,11 @@ func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		info.Policy = p
 	}
-	if h.accel == "tcg" {
-		fmt.Fprintf(stderr, "warning: accelerator resolves to TCG (%s): guests run in software emulation, slowly\n", h.accelWhy)
+	if h.Accel == hypervisor.AccelTCG {
+		fmt.Fprintf(stderr, "warning: accelerator resolves to TCG (%s): guests run in software emulation, slowly\n", h.AccelReason)
+	}
+	if h.TransportErr != nil {
+		fmt.Fprintf(stderr, "warning: agent transport %s: the shim refuses every pod: %v\n", h.Transport, h.TransportErr)
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
@@ -247,7 +304,11 @@ func decideForFile(c *config.Config, path, rootfsType string) (*PolicyInfo, erro
 	return &PolicyInfo{Annotations: path, Rootfs: desc, Backend: d.Backend, Reason: d.Reason, VolumesViaVirtioFS: d.VolumesViaVirtioFS}, nil
 }
 
-func buildEnv(c *config.Config, h *hostState) *EnvInfo {
+// buildEnv fills kata-runtime env's fields from the configuration and the
+// host probe the shim boots pods with; Kata fields that name features
+// kata-fsx does not have carry the value that matches its behaviour (no
+// VFIO ports, no seccomp in the guest, no tracing, no experimental features).
+func buildEnv(c *config.Config, h *host.Host) *EnvInfo {
 	q := c.QEMU()
 	b := c.KataFSX.ImagefsBlk
 	info := &EnvInfo{
@@ -260,20 +321,28 @@ func buildEnv(c *config.Config, h *hostState) *EnvInfo {
 			Version:           notFound,
 			Path:              q.Path,
 			BlockDeviceDriver: q.BlockDeviceDriver,
+			EntropySource:     q.EntropySource,
 			SharedFS:          c.SharedFS(),
 			VirtioFSDaemon:    q.VirtioFSDaemon,
 			Msize9p:           q.Msize9p,
 			MemorySlots:       q.MemorySlots,
+			HotPlugVFIO:       noVFIOPort,
+			ColdPlugVFIO:      noVFIOPort,
 			Debug:             q.EnableDebug,
+			SecurityInfo: SecurityInfo{
+				DisableSeccomp:    true, // QEMU runs without -sandbox
+				EnableAnnotations: nonNil(q.EnableAnnotations),
+			},
 
 			VirtioFSDaemonFlavour: notFound,
 			VirtioFSDaemonVersion: notFound,
 			VirtioFSCache:         q.VirtioFSCache,
 			VirtioFSCacheSize:     q.VirtioFSCacheSize,
 			VirtioFSQueueSize:     q.VirtioFSQueueSize,
-			VirtioFSExtraArgs:     q.VirtioFSExtraArgs,
-			Accelerator:           string(h.accel),
-			AcceleratorReason:     h.accelWhy,
+			VirtioFSExtraArgs:     nonNil(q.VirtioFSExtraArgs),
+			Accelerator:           string(h.Accel),
+			AcceleratorReason:     h.AccelReason,
+			AcceleratorCacheDir:   h.AccelCacheDir,
 			DefaultMemory:         q.DefaultMemory,
 			DefaultVCPUs:          q.DefaultVCPUs,
 		},
@@ -282,39 +351,121 @@ func buildEnv(c *config.Config, h *hostState) *EnvInfo {
 			NumQueues: b.NumQueues, QueueSize: b.QueueSize, Journal: b.Journal, JournalSizeMB: b.JournalSizeMB,
 		},
 		Runtime: RuntimeInfo{
-			Debug:   c.Runtime.EnableDebug,
-			Config:  RuntimeConfigInfo{Path: c.Path, DropIns: c.DropIns},
-			Version: RuntimeVersionInfo{Semver: Version, OCI: "1.1.0"},
+			Config:              RuntimeConfigInfo{Path: c.Path, DropIns: nonNil(c.DropIns)},
+			Experimental:        []ExperimentalFeature{},
+			Version:             RuntimeVersionInfo{OCI: specs.Version, Version: versionInfo(Version)},
+			Debug:               c.Runtime.EnableDebug,
+			DisableGuestSeccomp: true, // the agent spec drops the OCI seccomp profile
 		},
-		Agent: AgentInfo{Debug: c.AgentKata().EnableDebug, DialTimeout: c.AgentKata().DialTimeout, KernelModules: c.AgentKata().KernelModules},
+		Agent: AgentInfo{
+			Debug:         c.AgentKata().EnableDebug,
+			DialTimeout:   c.AgentKata().DialTimeout,
+			KernelModules: nonNil(c.AgentKata().KernelModules),
+		},
 	}
 	if exe, err := os.Executable(); err == nil {
 		info.Runtime.Path = exe
 	}
-	if h.caps != nil {
-		info.Hypervisor.Version = h.caps.VersionLine
-		info.Hypervisor.DAXSupported = h.caps.DAX
+	if h.QEMU != nil {
+		info.Hypervisor.Version = h.QEMU.VersionLine
+		info.Hypervisor.DAXSupported = h.QEMU.DAX
 	}
-	if h.daemon != nil {
-		info.Hypervisor.VirtioFSDaemonFlavour = string(h.daemon.Flavour)
-		info.Hypervisor.VirtioFSDaemonVersion = h.daemon.Version
-		if m, err := config.DaemonCacheMode(q.VirtioFSCache, h.daemon.Flavour); err == nil {
+	if h.Daemon != nil {
+		info.Hypervisor.VirtioFSDaemonFlavour = string(h.Daemon.Flavour)
+		info.Hypervisor.VirtioFSDaemonVersion = h.Daemon.Version
+		if m, err := config.DaemonCacheMode(q.VirtioFSCache, h.Daemon.Flavour); err == nil {
 			info.Hypervisor.VirtioFSDaemonCache = m
 		}
 	}
-	info.Agent.Transport, info.Agent.TransportReason = h.transport(c)
-	name, ver := osRelease()
-	vendor, model := cpuInfo()
+	if h.Transport == config.TransportVirtioSerial {
+		// Kata reports the unix socket template of a hybrid vsock here;
+		// the virtio-serial channel's socket is its counterpart.
+		info.Hypervisor.SocketPath = sandbox.AgentSocket(c, "{ID}")
+	}
+	info.Agent.Transport, info.Agent.TransportReason = h.Transport, h.TransportReason
+	if h.TransportErr != nil {
+		info.Agent.TransportError = h.TransportErr.Error()
+	}
+	sys := h.System
 	info.Host = HostInfo{
-		Kernel:             kernelRelease(),
-		Architecture:       goarch(),
-		VMContainerCapable: h.accel == "kvm",
-		SupportVSocks:      h.vsock,
-		Distro:             DistroInfo{Name: name, Version: ver},
-		CPU:                CPUInfo{Vendor: vendor, Model: model, CPUs: runtime.NumCPU()},
-		Memory:             MemoryInfo{Total: h.mem.TotalKiB, Free: h.mem.FreeKiB, Available: h.mem.AvailableKiB},
-		ShmFreeMiB:         h.shmFree,
-		Memfd:              h.memfd,
+		AvailableGuestProtections: []string{},
+		Kernel:                    sys.Kernel,
+		Architecture:              sys.Architecture,
+		Distro:                    DistroInfo{Name: sys.DistroName, Version: sys.DistroVersion},
+		CPU:                       CPUInfo{Vendor: sys.CPUVendor, Model: sys.CPUModel, CPUs: sys.CPUs},
+		Memory:                    MemoryInfo{Total: h.Memory.TotalKiB, Free: h.Memory.FreeKiB, Available: h.Memory.AvailableKiB},
+		VMContainerCapable:        h.Accel == hypervisor.AccelKVM,
+		SupportVSocks:             h.Vsock,
+		ShmFreeMiB:                h.ShmFreeMiB,
+		Memfd:                     h.Memfd,
 	}
 	return info
+}
+
+// noVFIOPort is Kata's PCIePort value for VFIO hot- and cold-plug turned
+// off, which is all kata-fsx does.
+const noVFIOPort = "no-port"
+
+// nonNil keeps empty lists printed as [] rather than null, as arrays.
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// versionInfo splits a release as the Makefile stamps it (git describe:
+// "1.2.3", "v1.2.3-4-gabc1234-dirty", or a bare "abc1234" where no tag
+// exists) into Kata's VersionInfo. The commit is the one the Go toolchain
+// recorded, else the one git describe names.
+func versionInfo(release string) VersionInfo {
+	v := VersionInfo{Semver: strings.TrimPrefix(release, "v")}
+	core, _, _ := strings.Cut(v.Semver, "-")
+	core, _, _ = strings.Cut(core, "+")
+	nums := strings.SplitN(core, ".", 3)
+	for i, dst := range []*uint64{&v.Major, &v.Minor, &v.Patch} {
+		if i < len(nums) {
+			*dst, _ = strconv.ParseUint(nums[i], 10, 64)
+		}
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				v.Commit = s.Value
+			}
+		}
+	}
+	described := strings.TrimSuffix(v.Semver, "-dirty")
+	if c := describedCommit(described); c == described {
+		// No tag: the release is only a commit, and has no numbers.
+		v.Major, v.Minor, v.Patch = 0, 0, 0
+	}
+	if v.Commit == "" {
+		v.Commit = describedCommit(described)
+	}
+	return v
+}
+
+// describedCommit is the abbreviated commit in git describe's output:
+// the "-g<hash>" suffix, or the whole output when no tag was found.
+func describedCommit(d string) string {
+	if i := strings.LastIndex(d, "-g"); i >= 0 && isHex(d[i+2:]) {
+		return d[i+2:]
+	}
+	if isHex(d) && len(d) >= 7 {
+		return d
+	}
+	return ""
+}
+
+func isHex(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if !strings.ContainsRune("0123456789abcdef", r) {
+			return false
+		}
+	}
+	return true
 }

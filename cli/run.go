@@ -365,7 +365,7 @@ func runExec(ctx context.Context, args []string, stdout, stderr io.Writer, defau
 		fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
 		return 1
 	}
-	sock := filepath.Join(c.KataFSX.StateDir, id, "agent.sock")
+	sock := sandbox.AgentSocket(c, id)
 	if _, err := os.Stat(sock); err != nil {
 		fmt.Fprintf(stderr, "kata-fsx exec: no running pod %s (%v)\n", id, err)
 		return 1

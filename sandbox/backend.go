@@ -7,13 +7,14 @@ import (
 
 	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/host"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
 	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
 
 // prepareBackend starts what the chosen backend needs on the host, adds
 // its device to the VM and returns the storages the agent mounts.
-func (s *Sandbox) prepareBackend(ctx context.Context, host *hostProbe, vmc *hypervisor.VMConfig, spec Spec) ([]*pb.Storage, error) {
+func (s *Sandbox) prepareBackend(ctx context.Context, h *host.Host, vmc *hypervisor.VMConfig, spec Spec) ([]*pb.Storage, error) {
 	q := s.cfg.QEMU()
 	shm := &pb.Storage{Driver: "ephemeral", Source: "shm", Fstype: "tmpfs", MountPoint: guestSandboxShm, Options: []string{"noexec", "nosuid", "nodev", "mode=1777", "size=67108864"}}
 	switch s.Decision.Backend {
@@ -26,7 +27,7 @@ func (s *Sandbox) prepareBackend(ctx context.Context, host *hostProbe, vmc *hype
 		vmc.Devices = append(vmc.Devices, &hypervisor.VhostUserBlk{ID: d.deviceID, SocketPath: d.Socket, NumQueues: b.NumQueues, QueueSize: b.QueueSize})
 		storages := []*pb.Storage{shm}
 		if s.Decision.VolumesViaVirtioFS {
-			st, err := s.startVirtioFS(ctx, host, vmc)
+			st, err := s.startVirtioFS(ctx, h, vmc)
 			if err != nil {
 				return nil, err
 			}
@@ -34,7 +35,7 @@ func (s *Sandbox) prepareBackend(ctx context.Context, host *hostProbe, vmc *hype
 		}
 		return storages, nil
 	case config.SharedFSVirtioFS:
-		st, err := s.startVirtioFS(ctx, host, vmc)
+		st, err := s.startVirtioFS(ctx, h, vmc)
 		if err != nil {
 			return nil, err
 		}
@@ -65,17 +66,20 @@ func (s *Sandbox) prepareBackend(ctx context.Context, host *hostProbe, vmc *hype
 
 // startVirtioFS runs virtiofsd on the sandbox's shared directory and adds
 // the vhost-user-fs device; it returns the storage the agent mounts.
-func (s *Sandbox) startVirtioFS(ctx context.Context, host *hostProbe, vmc *hypervisor.VMConfig) (*pb.Storage, error) {
+func (s *Sandbox) startVirtioFS(ctx context.Context, h *host.Host, vmc *hypervisor.VMConfig) (*pb.Storage, error) {
 	q := s.cfg.QEMU()
 	var err error
 	if s.shared, err = virtiofs.NewSharedDir(s.Dir); err != nil {
 		return nil, err
 	}
-	if host.daemon == nil {
-		return nil, fmt.Errorf("sandbox %s: virtiofsd %s: %w", s.ID, q.VirtioFSDaemon, host.daemonErr)
+	if h.Daemon == nil {
+		if h.DaemonErr == nil {
+			return nil, fmt.Errorf("sandbox %s: backend %s needs virtiofsd: hypervisor.qemu.virtio_fs_daemon is not set", s.ID, s.Decision.Backend)
+		}
+		return nil, fmt.Errorf("sandbox %s: %w", s.ID, h.DaemonErr)
 	}
 	sock := filepath.Join(s.Dir, "vhost-fs.sock")
-	s.vfsd, err = virtiofs.Start(ctx, virtiofs.Options{Daemon: host.daemon, SharedDir: s.shared.Root, Cache: q.VirtioFSCache, ExtraArgs: q.VirtioFSExtraArgs}, sock)
+	s.vfsd, err = virtiofs.Start(ctx, virtiofs.Options{Daemon: h.Daemon, SharedDir: s.shared.Root, Cache: q.VirtioFSCache, ExtraArgs: q.VirtioFSExtraArgs}, sock)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
 	}

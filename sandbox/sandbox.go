@@ -23,6 +23,7 @@ import (
 	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/host"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
 	"github.com/kata-fsx/kata-fsx/mount"
 	"github.com/kata-fsx/kata-fsx/virtiofs"
@@ -132,50 +133,14 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 			}
 		}
 	}()
-	host, err := probe(ctx, cfg)
+	h, vmc, transport, err := s.plan(ctx, spec)
 	if err != nil {
 		return nil, err
-	}
-	if err := config.Validate(cfg, host.facts); err != nil {
-		return nil, fmt.Errorf("sandbox %s: configuration: %w", spec.ID, err)
 	}
 	if err := hypervisor.MakeVMDir(s.Dir); err != nil {
 		return nil, err
 	}
-	q := cfg.QEMU()
-	vmc := &hypervisor.VMConfig{
-		Name: "sandbox-" + spec.ID,
-		// QEMU's directory is its own: the hypervisor removes it whole on
-		// stop, and it must never hold the shared/ mounts.
-		Dir:          filepath.Join(s.Dir, "vm"),
-		QEMUPath:     q.Path,
-		Caps:         host.caps,
-		MachineType:  q.MachineType,
-		Accel:        host.accel,
-		VCPUs:        uint32(q.DefaultVCPUs),
-		MemoryMiB:    uint64(q.DefaultMemory),
-		Kernel:       q.Kernel,
-		Initrd:       q.Initrd,
-		KernelParams: strings.Fields(q.KernelParams),
-		Debug:        q.EnableDebug || cfg.AgentKata().EnableDebug,
-		ConsoleLog:   filepath.Join(s.Dir, "console.log"),
-		HotplugSlots: 8,
-	}
-	if cfg.NeedsSharedMemory() || d.Backend == config.SharedFSImagefsBlk {
-		vmc.SharedMemory = hypervisor.SharedMemoryFile
-		if q.FileMemBackend != "" {
-			vmc.MemPath = q.FileMemBackend
-		}
-	}
-	var transport agent.Transport
-	if host.vsock {
-		return nil, fmt.Errorf("sandbox %s: vsock agent transport is not wired yet; set kata_fsx.agent_transport = \"virtio-serial\"", spec.ID)
-	}
-	sock := filepath.Join(s.Dir, "agent.sock")
-	vmc.Agent = hypervisor.AgentChannel{Transport: hypervisor.AgentSerial, SocketPath: sock}
-	transport = agent.SerialTransport{Path: sock}
-
-	storages, err := s.prepareBackend(ctx, host, vmc, spec)
+	storages, err := s.prepareBackend(ctx, h, vmc, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -216,6 +181,62 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 		return nil, s.explainLocked(err)
 	}
 	return s, nil
+}
+
+// plan probes the host and turns the configuration into the VM to boot:
+// the accelerator and agent transport are the probe's, the same values
+// `kata-fsx env` reports for this configuration. It starts nothing.
+func (s *Sandbox) plan(ctx context.Context, spec Spec) (*host.Host, *hypervisor.VMConfig, agent.Transport, error) {
+	cfg := s.cfg
+	h := host.Probe(ctx, cfg)
+	if h.QEMUErr != nil {
+		return nil, nil, nil, fmt.Errorf("sandbox %s: %w", spec.ID, h.QEMUErr)
+	}
+	lg := log.G(ctx).WithField("sandbox", spec.ID)
+	if h.Accel == hypervisor.AccelTCG && cfg.KataFSX.Accelerator != config.AccelTCG {
+		lg.Warnf("no KVM (%s): the guest runs under TCG, slowly", h.AccelReason)
+	}
+	if err := config.Validate(cfg, h.Facts()); err != nil {
+		return nil, nil, nil, fmt.Errorf("sandbox %s: configuration: %w", spec.ID, err)
+	}
+	if h.TransportErr != nil {
+		return nil, nil, nil, fmt.Errorf("sandbox %s: %w", spec.ID, h.TransportErr)
+	}
+	lg.Infof("agent transport %s: %s", h.Transport, h.TransportReason)
+	q := cfg.QEMU()
+	vmc := &hypervisor.VMConfig{
+		Name: "sandbox-" + spec.ID,
+		// QEMU's directory is its own: the hypervisor removes it whole on
+		// stop, and it must never hold the shared/ mounts.
+		Dir:          filepath.Join(s.Dir, "vm"),
+		QEMUPath:     q.Path,
+		Caps:         h.QEMU,
+		MachineType:  q.MachineType,
+		Accel:        h.Accel,
+		VCPUs:        uint32(q.DefaultVCPUs),
+		MemoryMiB:    uint64(q.DefaultMemory),
+		Kernel:       q.Kernel,
+		Initrd:       q.Initrd,
+		KernelParams: strings.Fields(q.KernelParams),
+		Debug:        q.EnableDebug || cfg.AgentKata().EnableDebug,
+		ConsoleLog:   filepath.Join(s.Dir, "console.log"),
+		HotplugSlots: 8,
+	}
+	if cfg.NeedsSharedMemory() || s.Decision.Backend == config.SharedFSImagefsBlk {
+		vmc.SharedMemory = hypervisor.SharedMemoryFile
+		if q.FileMemBackend != "" {
+			vmc.MemPath = q.FileMemBackend
+		}
+	}
+	sock := AgentSocket(cfg, spec.ID)
+	vmc.Agent = hypervisor.AgentChannel{Transport: hypervisor.AgentSerial, SocketPath: sock}
+	return h, vmc, agent.SerialTransport{Path: sock}, nil
+}
+
+// AgentSocket is the unix socket QEMU listens on for the virtio-serial
+// agent channel of sandbox id under configuration c.
+func AgentSocket(c *config.Config, id string) string {
+	return filepath.Join(c.KataFSX.StateDir, id, "agent.sock")
 }
 
 // newSandbox is a booting sandbox with nothing started yet; its directory

@@ -1,0 +1,188 @@
+package host
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/hypervisor"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
+)
+
+const debianVirtiofsd = "/usr/lib/qemu/virtiofsd"
+
+func thisHostConfig(t *testing.T) *config.Config {
+	t.Helper()
+	qemu := testenv.Tool(t, "qemu-system-x86_64", "qemu-system-x86")
+	if _, err := os.Stat(debianVirtiofsd); err != nil {
+		testenv.Missing(t, "Debian's C virtiofsd is not installed (apt-get install qemu-system-common): %v", err)
+	}
+	c := config.Default()
+	c.QEMU().Path = qemu
+	c.QEMU().VirtioFSDaemon = debianVirtiofsd
+	c.KataFSX.StateDir = t.TempDir()
+	return c
+}
+
+// TestProbeThisHost probes the real host and checks each answer against
+// the host itself, whatever it has: QEMU and the C virtiofsd are required,
+// KVM and /dev/vhost-vsock are compared, not assumed.
+func TestProbeThisHost(t *testing.T) {
+	c := thisHostConfig(t)
+	h := Probe(context.Background(), c)
+
+	if h.QEMUErr != nil || h.QEMU == nil {
+		t.Fatalf("QEMU probe: %v", h.QEMUErr)
+	}
+	if !h.QEMU.VhostUserBlk || !h.QEMU.VhostUserFS || !h.QEMU.VirtioSerial {
+		t.Errorf("QEMU lacks devices kata-fsx uses: %+v", h.QEMU)
+	}
+	if h.DaemonErr != nil || h.Daemon == nil || h.Daemon.Flavour != config.FlavourC {
+		t.Errorf("virtiofsd: %+v, %v", h.Daemon, h.DaemonErr)
+	}
+
+	wantAccel, wantWhy := hypervisor.DetectAccel(context.Background(), c.QEMU().Path)
+	if wantAccel == hypervisor.AccelTCG && (h.Accel != hypervisor.AccelTCG || h.AccelReason != wantWhy) {
+		t.Errorf("accelerator %s (%s), want TCG (%s)", h.Accel, h.AccelReason, wantWhy)
+	}
+	if h.AccelReason == "" {
+		t.Error("accelerator without a reason")
+	}
+	if h.AccelCacheDir != AccelCacheDir(c) {
+		t.Errorf("accelerator cache %q, want %q", h.AccelCacheDir, AccelCacheDir(c))
+	}
+
+	f, openErr := os.OpenFile("/dev/vhost-vsock", os.O_RDWR, 0)
+	if openErr == nil {
+		f.Close()
+	}
+	if h.Vsock != (openErr == nil) {
+		t.Errorf("Vsock = %v, but opening /dev/vhost-vsock gives %v", h.Vsock, openErr)
+	}
+	if !h.Vsock && !strings.Contains(h.VsockReason, "/dev/vhost-vsock") {
+		t.Errorf("vsock reason %q does not name the device", h.VsockReason)
+	}
+	if h.Transport != config.TransportVirtioSerial || h.TransportErr != nil || !strings.HasPrefix(h.TransportReason, "auto: ") {
+		t.Errorf("auto transport: %s (%s), %v", h.Transport, h.TransportReason, h.TransportErr)
+	}
+
+	if !h.Memfd {
+		t.Errorf("memfd_create fails here: %s", h.MemfdReason)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs("/dev/shm", &st); err != nil {
+		if h.ShmErr == nil {
+			t.Errorf("statfs /dev/shm fails (%v) but the probe says %d MiB free", err, h.ShmFreeMiB)
+		}
+	} else if h.ShmErr != nil {
+		t.Errorf("/dev/shm: %v", h.ShmErr)
+	}
+
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		t.Fatal(err)
+	}
+	if h.MemoryErr != nil || h.Memory.TotalKiB != si.Totalram*uint64(si.Unit)>>10 {
+		t.Errorf("memory %+v (%v), sysinfo says %d KiB", h.Memory, h.MemoryErr, si.Totalram*uint64(si.Unit)>>10)
+	}
+	if h.System.Kernel == "" || h.System.CPUs < 1 || h.System.Architecture == "" {
+		t.Errorf("system %+v", h.System)
+	}
+
+	facts := h.Facts()
+	want := config.HostFacts{
+		DaemonFlavour: config.FlavourC, QEMUProbed: true, QEMUHasDAX: h.QEMU.DAX,
+		HostMemMiB: h.Memory.TotalKiB >> 10, ShmProbed: h.ShmErr == nil, ShmFreeMiB: h.ShmFreeMiB,
+	}
+	if facts != want {
+		t.Errorf("facts %+v, want %+v", facts, want)
+	}
+}
+
+// TestProbeMissingBinaries: what cannot be probed is recorded with the
+// configuration key to fix, and leaves its facts unprobed.
+func TestProbeMissingBinaries(t *testing.T) {
+	c := config.Default()
+	c.QEMU().Path = "/nonexistent/qemu-system-x86_64"
+	c.QEMU().VirtioFSDaemon = "/nonexistent/virtiofsd"
+	c.KataFSX.Accelerator = config.AccelTCG
+	c.KataFSX.StateDir = t.TempDir()
+	h := Probe(context.Background(), c)
+	if h.QEMU != nil || h.QEMUErr == nil || !strings.Contains(h.QEMUErr.Error(), "hypervisor.qemu.path") {
+		t.Errorf("QEMU: %+v, %v", h.QEMU, h.QEMUErr)
+	}
+	if h.Daemon != nil || h.DaemonErr == nil || !strings.Contains(h.DaemonErr.Error(), "hypervisor.qemu.virtio_fs_daemon") {
+		t.Errorf("daemon: %+v, %v", h.Daemon, h.DaemonErr)
+	}
+	if h.Accel != hypervisor.AccelTCG || h.AccelReason != `kata_fsx.accelerator = "tcg"` {
+		t.Errorf("explicit tcg: %s (%s)", h.Accel, h.AccelReason)
+	}
+	f := h.Facts()
+	if f.QEMUProbed || f.DaemonFlavour != "" {
+		t.Errorf("facts of missing binaries: %+v", f)
+	}
+
+	c.QEMU().VirtioFSDaemon = ""
+	if h := Probe(context.Background(), c); h.Daemon != nil || h.DaemonErr != nil {
+		t.Errorf("no daemon configured: %+v, %v", h.Daemon, h.DaemonErr)
+	}
+}
+
+func TestChooseTransport(t *testing.T) {
+	cases := []struct {
+		setting   string
+		vsock     bool
+		want      string
+		whyHas    string
+		refused   bool
+		refusedIs error
+	}{
+		{config.TransportAuto, true, config.TransportVirtioSerial, ReasonVsockNotImplemented, false, nil},
+		{config.TransportAuto, false, config.TransportVirtioSerial, "/dev/vhost-vsock: no such file", false, nil},
+		{config.TransportVirtioSerial, true, config.TransportVirtioSerial, `"virtio-serial"`, false, nil},
+		{config.TransportVsock, false, config.TransportVsock, `"vsock"`, true, ErrVsockNotWired},
+		{config.TransportVsock, true, config.TransportVsock, `"vsock"`, true, ErrVsockNotWired},
+	}
+	for _, tc := range cases {
+		got, why, err := chooseTransport(tc.setting, tc.vsock, "/dev/vhost-vsock: no such file")
+		if got != tc.want || !strings.Contains(why, tc.whyHas) || (err != nil) != tc.refused || (tc.refusedIs != nil && !errors.Is(err, tc.refusedIs)) {
+			t.Errorf("%s, vsock %v: %s (%s), %v", tc.setting, tc.vsock, got, why, err)
+		}
+	}
+}
+
+func TestReadMeminfo(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "meminfo")
+	os.WriteFile(p, []byte("MemTotal:        4030460 kB\nMemFree:          123456 kB\nMemAvailable:    3000000 kB\nBuffers: 1 kB\n"), 0o644)
+	m, err := readMeminfo(p)
+	if err != nil || m != (Memory{TotalKiB: 4030460, FreeKiB: 123456, AvailableKiB: 3000000}) {
+		t.Fatalf("%+v, %v", m, err)
+	}
+	os.WriteFile(p, []byte("Buffers: 1 kB\n"), 0o644)
+	if _, err := readMeminfo(p); err == nil {
+		t.Fatal("meminfo without MemTotal accepted")
+	}
+	if _, err := readMeminfo(filepath.Join(t.TempDir(), "none")); err == nil {
+		t.Fatal("missing meminfo accepted")
+	}
+}
+
+func TestOSReleaseAndCPUInfo(t *testing.T) {
+	dir := t.TempDir()
+	osr := filepath.Join(dir, "os-release")
+	os.WriteFile(osr, []byte("PRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\nNAME=\"Debian GNU/Linux\"\nVERSION_ID=\"12\"\n"), 0o644)
+	if n, v := osRelease(osr); n != "Debian GNU/Linux" || v != "12" {
+		t.Errorf("os-release: %q %q", n, v)
+	}
+	cpu := filepath.Join(dir, "cpuinfo")
+	os.WriteFile(cpu, []byte("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Some CPU @ 2.00GHz\n\nprocessor\t: 1\nvendor_id\t: Other\n"), 0o644)
+	if v, m := cpuInfo(cpu); v != "GenuineIntel" || m != "Some CPU @ 2.00GHz" {
+		t.Errorf("cpuinfo: %q %q", v, m)
+	}
+}

@@ -1,0 +1,86 @@
+package sandbox_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kata-fsx/kata-fsx/cli"
+	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/hypervisor"
+	"github.com/kata-fsx/kata-fsx/sandbox"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
+)
+
+// TestEnvReportsWhatThePodGets: for the same configuration, the
+// accelerator, agent transport and agent socket `kata-fsx env` reports are
+// the ones the sandbox boots with, and a transport env marks as refused is
+// refused by the sandbox with the same error.
+func TestEnvReportsWhatThePodGets(t *testing.T) {
+	qemu := testenv.Tool(t, "qemu-system-x86_64", "qemu-system-x86")
+	const virtiofsd = "/usr/lib/qemu/virtiofsd"
+	if _, err := os.Stat(virtiofsd); err != nil {
+		testenv.Missing(t, "Debian's C virtiofsd is not installed (apt-get install qemu-system-common): %v", err)
+	}
+	dir := t.TempDir()
+	for _, f := range []string{"vmlinux", "initrd.img"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := "[hypervisor.qemu]\npath = \"" + qemu + "\"\nkernel = \"" + dir + "/vmlinux\"\ninitrd = \"" + dir + "/initrd.img\"\n" +
+		"virtio_fs_daemon = \"" + virtiofsd + "\"\ndefault_memory = 256\nshared_fs = \"virtio-fs\"\n" +
+		"[kata_fsx]\nstate_dir = \"" + filepath.Join(dir, "run") + "\"\n"
+	cases := []struct{ name, kataFSX string }{
+		{"defaults", ""},
+		{"tcg, auto transport", "accelerator = \"tcg\"\nagent_transport = \"auto\"\n"},
+		{"virtio-serial", "agent_transport = \"virtio-serial\"\n"},
+		{"vsock", "agent_transport = \"vsock\"\n"},
+		{"kvm as written", "accelerator = \"kvm\"\n"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, "configuration-"+string(rune('a'+i))+".toml")
+			if err := os.WriteFile(p, []byte(base+tc.kataFSX), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var out, errb bytes.Buffer
+			if code := cli.Main(context.Background(), []string{"env", "--json", "--config", p}, &out, &errb); code != 0 {
+				t.Fatalf("env: exit %d: %s", code, errb.String())
+			}
+			var env cli.EnvInfo
+			if err := json.Unmarshal(out.Bytes(), &env); err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := config.LoadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const id = "env-agrees"
+			vmc, err := sandbox.PlanForTest(context.Background(), cfg, id)
+			if env.Agent.TransportError != "" {
+				if err == nil || !strings.Contains(err.Error(), env.Agent.TransportError) {
+					t.Fatalf("env says the shim refuses the pod (%s), the sandbox says %v", env.Agent.TransportError, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("env reports a bootable pod (transport %s), the sandbox refuses: %v", env.Agent.Transport, err)
+			}
+			if string(vmc.Accel) != env.Hypervisor.Accelerator {
+				t.Errorf("env reports accelerator %s (%s), the sandbox boots %s", env.Hypervisor.Accelerator, env.Hypervisor.AcceleratorReason, vmc.Accel)
+			}
+			want := map[string]hypervisor.AgentTransport{config.TransportVirtioSerial: hypervisor.AgentSerial, config.TransportVsock: hypervisor.AgentVsock}[env.Agent.Transport]
+			if vmc.Agent.Transport != want {
+				t.Errorf("env reports transport %s (%s), the sandbox uses %s", env.Agent.Transport, env.Agent.TransportReason, vmc.Agent.Transport)
+			}
+			if got := strings.ReplaceAll(env.Hypervisor.SocketPath, "{ID}", id); got != vmc.Agent.SocketPath {
+				t.Errorf("env reports agent socket %s, the sandbox uses %s", got, vmc.Agent.SocketPath)
+			}
+		})
+	}
+}
