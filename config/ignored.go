@@ -54,7 +54,9 @@ var kataIgnored = []struct{ key, inert, reason string }{
 	{"hypervisor.qemu.enable_iommu", `false`, "no vIOMMU"},
 	{"hypervisor.qemu.enable_iommu_platform", `false`, "no vIOMMU"},
 	{"hypervisor.qemu.disable_block_device_use", `false`, "the container rootfs path is chosen by shared_fs (imagefs-blk or a block rootfs), not by this key"},
-	{"hypervisor.qemu.block_device_driver", `"virtio-scsi"`, "kata-fsx attaches its disks as vhost-user-blk or virtio-blk"},
+	// kata-fsx attaches every disk as virtio-blk, so that is the value that
+	// asks for nothing it does not do; Kata's default, virtio-scsi, does.
+	{"hypervisor.qemu.block_device_driver", `"virtio-blk"`, "kata-fsx attaches its disks as vhost-user-blk or virtio-blk"},
 	{"hypervisor.qemu.block_device_cache_set", `false`, "disk cache options come from block_device_cache_direct only"},
 	{"hypervisor.qemu.block_device_cache_noflush", `false`, "disk cache options come from block_device_cache_direct only"},
 	{"hypervisor.qemu.block_device_logical_sector_size", `0`, "disks use QEMU's default sector sizes"},

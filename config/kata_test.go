@@ -4,6 +4,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -98,6 +99,7 @@ func TestKataStockConfigIgnoredKeys(t *testing.T) {
 		got = append(got, k.Key+" = "+k.Value)
 	}
 	want := []string{
+		`hypervisor.qemu.block_device_driver = "virtio-scsi"`,
 		`hypervisor.qemu.cpu_features = "pmu=off"`,
 		`hypervisor.qemu.disable_block_device_use = true`,
 		`hypervisor.qemu.image = "/usr/share/kata-containers/kata-containers.img"`,
@@ -152,5 +154,26 @@ func TestIgnoredTableKeysAreKatas(t *testing.T) {
 		if row.reason == "" || strings.Contains(row.reason, "\n") {
 			t.Errorf("%s: want a one-line reason", row.key)
 		}
+	}
+}
+
+// TestOwnConfigurationIgnoresNothing keeps kata-fsx's shipped
+// configuration from setting a key that check would then call ignored.
+func TestOwnConfigurationIgnoresNothing(t *testing.T) {
+	b, err := os.ReadFile("../configuration.toml.in")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rendered := regexp.MustCompile(`@[A-Z]+@`).ReplaceAll(b, []byte("/rendered"))
+	p := filepath.Join(t.TempDir(), "configuration-fsx.toml")
+	if err := os.WriteFile(p, rendered, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadFile(p)
+	if err != nil {
+		t.Fatalf("configuration.toml.in, rendered, does not load: %v", err)
+	}
+	for _, k := range c.Ignored {
+		t.Errorf("configuration.toml.in sets an ignored key: %s", k)
 	}
 }
