@@ -15,6 +15,7 @@ package host
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -184,36 +185,38 @@ func AccelCacheDir(c *config.Config) string {
 }
 
 func readMeminfo(path string) (Memory, error) {
-	var m Memory
-	f, err := os.Open(path)
+	f, err := ProcFields(path)
 	if err != nil {
-		return m, fmt.Errorf("host memory: %w", err)
+		return Memory{}, fmt.Errorf("host memory: %w", err)
 	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		fields := strings.Fields(s.Text())
-		if len(fields) < 2 {
-			continue
-		}
-		v, err := strconv.ParseUint(fields[1], 10, 64)
-		if err != nil {
-			continue
-		}
-		switch fields[0] {
-		case "MemTotal:":
-			m.TotalKiB = v
-		case "MemFree:":
-			m.FreeKiB = v
-		case "MemAvailable:":
-			m.AvailableKiB = v
-		}
-	}
-	if err := s.Err(); err != nil {
-		return m, fmt.Errorf("host memory: read %s: %w", path, err)
-	}
+	m := Memory{TotalKiB: f["MemTotal"], FreeKiB: f["MemFree"], AvailableKiB: f["MemAvailable"]}
 	if m.TotalKiB == 0 {
 		return m, fmt.Errorf("host memory: %s has no MemTotal", path)
+	}
+	return m, nil
+}
+
+// ProcFields parses the "key: number [kB]" lines of a /proc file
+// (meminfo, PID/status, PID/io); lines of another shape are skipped.
+func ProcFields(path string) (map[string]uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	m := map[string]uint64{}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		if n, err := strconv.ParseUint(f[0], 10, 64); err == nil {
+			m[k] = n
+		}
 	}
 	return m, nil
 }

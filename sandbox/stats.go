@@ -1,8 +1,6 @@
 package sandbox
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/host"
 )
 
 // ProcessRef is a host process that does work for a sandbox.
@@ -79,10 +78,10 @@ func (ps *ProcessSample) read() error {
 		pids = append(pids, descendants(ps.PID)...)
 	}
 	for i, pid := range pids {
-		io, err := procFields(fmt.Sprintf("/proc/%d/io", pid))
+		io, err := host.ProcFields(fmt.Sprintf("/proc/%d/io", pid))
 		if err == nil {
 			var st map[string]uint64
-			if st, err = procFields(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+			if st, err = host.ProcFields(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
 				ps.RChar += io["rchar"]
 				ps.ReadBytes += io["read_bytes"]
 				ps.RSSKiB += st["VmRSS"]
@@ -121,30 +120,6 @@ func descendants(pid int) []int {
 		}
 	}
 	return out
-}
-
-// procFields parses the "key: number [kB]" lines of a /proc file.
-func procFields(path string) (map[string]uint64, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	m := map[string]uint64{}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		if !ok {
-			continue
-		}
-		f := strings.Fields(v)
-		if len(f) == 0 {
-			continue
-		}
-		if n, err := strconv.ParseUint(f[0], 10, 64); err == nil {
-			m[k] = n
-		}
-	}
-	return m, nil
 }
 
 // RunStats is what `kata-fsx run --stats-file` records about one run, for
