@@ -148,7 +148,7 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: start QEMU: %w", spec.ID, err)
 	}
-	s.watch(func() (<-chan struct{}, func() error) { return s.vm.Exited(), s.vm.Wait })
+	s.watch(func() (<-chan struct{}, func() error) { return s.vm.Exited(), s.vmExit })
 	timeout := time.Duration(cfg.AgentKata().DialTimeout) * time.Second
 	dialCtx, cancel := context.WithCancel(ctx)
 	go func() {
@@ -341,6 +341,40 @@ func (s *Sandbox) explainLocked(err error) error {
 		return fmt.Errorf("%w (%w)", s.failErr, err)
 	}
 	return err
+}
+
+// vmExit says why QEMU ended under a running pod: its status and the end
+// of the guest console, where a guest that died (its agent killed, a kernel
+// panic) says why.
+func (s *Sandbox) vmExit() error {
+	err := s.vm.Wait()
+	if err == nil {
+		err = errors.New("status 0")
+	}
+	return fmt.Errorf("QEMU exited (%w)%s%s", err, s.consolePanic(), s.consoleTail())
+}
+
+// consolePanic finds the guest kernel's last panic message in the console
+// log ("; guest kernel panic: ..."), which a backtrace usually pushes out
+// of the tail that consoleTail shows.
+func (s *Sandbox) consolePanic() string {
+	f, err := os.Open(filepath.Join(s.Dir, "console.log"))
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	const scan = 64 << 10
+	if fi, err := f.Stat(); err == nil && fi.Size() > scan {
+		f.Seek(fi.Size()-scan, io.SeekStart)
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, scan))
+	const mark = "Kernel panic - not syncing: "
+	i := strings.LastIndex(string(b), mark)
+	if i < 0 {
+		return ""
+	}
+	line, _, _ := strings.Cut(string(b[i+len(mark):]), "\n")
+	return "; guest kernel panic: " + strings.TrimSpace(line)
 }
 
 // consoleTail returns the end of the guest console log, for errors about a

@@ -164,7 +164,7 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 	for _, m := range r.Rootfs {
 		mounts = append(mounts, config.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
 	}
-	rootfsDir := filepath.Join(r.Bundle, "rootfs")
+	rootfsDir := bundleRootfs(r.Bundle, spec, len(mounts) > 0)
 	rootfs := config.RootfsFromMounts(mounts, rootfsDir)
 	defer func() {
 		if err != nil && c.rootfsMounted {
@@ -709,4 +709,18 @@ func (s *service) Checkpoint(ctx context.Context, r *taskapi.CheckpointTaskReque
 // Update is not supported: guest resources are fixed at boot.
 func (s *service) Update(ctx context.Context, r *taskapi.UpdateTaskRequest) (*emptypb.Empty, error) {
 	return nil, errUnimplemented("update is not supported by kata-fsx")
+}
+
+// bundleRootfs is the host directory of a container's rootfs: where
+// containerd's rootfs mounts go (the bundle's rootfs/), or, for a container
+// created without any (`ctr run --rootfs`, a spec file naming its own root),
+// the spec's root.path as runc reads it: absolute, or relative to the bundle.
+func bundleRootfs(bundle string, spec *specs.Spec, hasMounts bool) string {
+	if hasMounts || spec.Root == nil || spec.Root.Path == "" {
+		return filepath.Join(bundle, "rootfs")
+	}
+	if filepath.IsAbs(spec.Root.Path) {
+		return filepath.Clean(spec.Root.Path)
+	}
+	return filepath.Join(bundle, spec.Root.Path)
 }

@@ -18,6 +18,7 @@ import (
 	evttrpc "github.com/containerd/containerd/api/services/ttrpc/events/v1"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
 	"github.com/containerd/ttrpc"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -390,4 +391,23 @@ func TestTaskAPIOverTTRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-s.Done()
+}
+
+func TestBundleRootfs(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		root      *specs.Root
+		hasMounts bool
+		want      string
+	}{
+		{"containerd's mounts", &specs.Root{Path: "/elsewhere"}, true, "/b/rootfs"},
+		{"no root", nil, false, "/b/rootfs"},
+		{"absolute root", &specs.Root{Path: "/srv/rootfs/../root"}, false, "/srv/root"},
+		{"relative root", &specs.Root{Path: "rootfs"}, false, "/b/rootfs"},
+		{"relative other", &specs.Root{Path: "fs"}, false, "/b/fs"},
+	} {
+		if got := bundleRootfs("/b", &specs.Spec{Root: tc.root}, tc.hasMounts); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
 }

@@ -246,6 +246,25 @@ func (a *agent) CreateContainer(ctx context.Context, req *pb.CreateContainerRequ
 	return &emptypb.Empty{}, nil
 }
 
+// cloneFlags are the namespaces a container's init is started in: always
+// its own mount and UTS namespaces, and its own PID namespace unless the
+// spec lists namespaces without one. Like Kata's agent, that container then
+// shares the agent's PID namespace, as a pod without hostPID isolation would
+// share the host's: its processes see (and as root can signal) PID 1.
+func cloneFlags(spec *pb.Spec) uintptr {
+	flags := uintptr(unix.CLONE_NEWNS | unix.CLONE_NEWUTS)
+	nss := spec.GetLinux().GetNamespaces()
+	if len(nss) == 0 {
+		return flags | unix.CLONE_NEWPID
+	}
+	for _, ns := range nss {
+		if ns.GetType() == "pid" {
+			return flags | unix.CLONE_NEWPID
+		}
+	}
+	return flags
+}
+
 func newProcess(execID string) *process {
 	return &process{execID: execID, stdout: newOutputBuffer(), stderr: newOutputBuffer(), done: make(chan struct{})}
 }
@@ -293,7 +312,7 @@ func (a *agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 		Env:        []string{initConfigEnv + "=" + string(blob)},
 		ExtraFiles: []*os.File{syncW},
 		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS,
+			Cloneflags: cloneFlags(c.spec),
 			Setsid:     true,
 		},
 	}

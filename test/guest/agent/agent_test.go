@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
@@ -328,5 +331,24 @@ func TestMkdirNoSymlinks(t *testing.T) {
 func TestMountInRootfsRejectsRelative(t *testing.T) {
 	if err := mountInRootfs(t.TempDir(), mountEntry{Destination: "proc", Type: "proc"}); err == nil {
 		t.Error("accepted a relative destination")
+	}
+}
+
+func TestCloneFlagsFollowTheSpecsPIDNamespace(t *testing.T) {
+	own := uintptr(unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWPID)
+	shared := uintptr(unix.CLONE_NEWNS | unix.CLONE_NEWUTS)
+	for _, tc := range []struct {
+		name string
+		spec *pb.Spec
+		want uintptr
+	}{
+		{"no linux section", &pb.Spec{}, own},
+		{"no namespaces listed", &pb.Spec{Linux: &pb.Linux{}}, own},
+		{"pid listed", &pb.Spec{Linux: &pb.Linux{Namespaces: []*pb.LinuxNamespace{{Type: "mount"}, {Type: "pid"}}}}, own},
+		{"pid left out", &pb.Spec{Linux: &pb.Linux{Namespaces: []*pb.LinuxNamespace{{Type: "mount"}, {Type: "uts"}}}}, shared},
+	} {
+		if got := cloneFlags(tc.spec); got != tc.want {
+			t.Errorf("%s: flags %#x, want %#x", tc.name, got, tc.want)
+		}
 	}
 }
