@@ -302,6 +302,30 @@ func pumpOutput(ctx context.Context, a *agent.Client, cid, eid string, stdout, s
 	return &wg
 }
 
+// pumpInput copies in to a process's stdin until in ends, then closes the
+// process's stdin; a process that exits first ends the copy with an error
+// from the agent, which is not worth reporting.
+func pumpInput(ctx context.Context, a *agent.Client, cid, eid string, in io.Reader, stderr io.Writer) {
+	buf := make([]byte, 256<<10)
+	for {
+		n, rerr := in.Read(buf)
+		if n > 0 {
+			if _, err := a.WriteStdin(ctx, cid, eid, buf[:n]); err != nil {
+				return
+			}
+		}
+		if rerr != nil {
+			if rerr != io.EOF {
+				fmt.Fprintf(stderr, "kata-fsx exec: stdin: %v\n", rerr)
+			}
+			if err := a.CloseStdin(ctx, cid, eid); err != nil && ctx.Err() == nil {
+				fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
+			}
+			return
+		}
+	}
+}
+
 // markerWriter passes stderr through until the --keep wrapper's marker,
 // whose status it reports instead of printing.
 type markerWriter struct {
@@ -341,8 +365,9 @@ func runExec(ctx context.Context, args []string, stdout, stderr io.Writer, defau
 	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgPath := fs.String("config", "", "configuration file (default: the usual lookup)")
+	interactive := fs.Bool("i", false, "forward this command's stdin to CMD (its end closes CMD's stdin); without -i CMD's stdin is closed")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kata-fsx exec [--config F] ID -- CMD [ARGS...]")
+		fmt.Fprintln(stderr, "usage: kata-fsx exec [--config F] [-i] ID -- CMD [ARGS...]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -391,6 +416,12 @@ func runExec(ctx context.Context, args []string, stdout, stderr io.Writer, defau
 		return 1
 	}
 	copies := pumpOutput(ctx, a, id, eid, stdout, stderr)
+	if *interactive {
+		go pumpInput(ctx, a, id, eid, os.Stdin, stderr)
+	} else {
+		// Best effort: a process that has already exited has no stdin left.
+		_ = a.CloseStdin(ctx, id, eid)
+	}
 	code, err := a.WaitProcess(ctx, id, eid)
 	if err != nil {
 		fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)

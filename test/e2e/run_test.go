@@ -212,6 +212,16 @@ func TestRunKeepThenExec(t *testing.T) {
 	if r.code != 6 || r.stdout != "state\n" {
 		t.Fatalf("exec: exit %d stdout %q stderr %s", r.code, r.stdout, r.stderr)
 	}
+	// -i forwards stdin and closes the command's stdin at its end; without
+	// -i the command's stdin is closed at once, so a reader does not wait.
+	ic := exec.CommandContext(ctx, kataFSX(t), "exec", "--config", e.config, "-i", "kept", "--", "/bin/wc", "-l")
+	ic.Stdin = strings.NewReader("piped\nlines\n")
+	if r := runCmd(t, ic); r.code != 0 || strings.TrimSpace(r.stdout) != "2" {
+		t.Fatalf("exec -i: exit %d stdout %q stderr %s", r.code, r.stdout, r.stderr)
+	}
+	if r := e.run(ctx, "exec", "kept", "--", "/bin/cat"); r.code != 0 || r.stdout != "" {
+		t.Fatalf("exec without -i: exit %d stdout %q stderr %s", r.code, r.stdout, r.stderr)
+	}
 	cmd.Process.Signal(syscall.SIGINT)
 	if err := cmd.Wait(); err == nil || cmd.ProcessState.ExitCode() != 4 {
 		t.Fatalf("run --keep after SIGINT: %v (exit %d), want the command's status 4\n%s", err, cmd.ProcessState.ExitCode(), errb.String())
