@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"math/bits"
 
-	"github.com/kata-fsx/kata-fsx/blk/virtq"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq"
 )
 
 // BlockDevice is the storage behind the virtio-blk device; *overlay.Device satisfies it.

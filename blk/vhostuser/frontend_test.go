@@ -16,8 +16,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kata-fsx/kata-fsx/blk/virtq"
-	"github.com/kata-fsx/kata-fsx/blk/virtq/testdriver"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq/testdriver"
 )
 
 // Guest memory of the test frontend: two adjacent regions, the second at a

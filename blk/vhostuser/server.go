@@ -37,7 +37,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"github.com/kata-fsx/kata-fsx/blk/virtq"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq"
 )
 
 // errProtocol marks a message that violates the protocol; the connection is dropped.

@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kata-fsx/kata-fsx/blk/virtq"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq"
 )
 
 // session is one front-end connection. Only its goroutine reads the socket,

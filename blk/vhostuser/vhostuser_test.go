@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kata-fsx/kata-fsx/blk/overlay"
-	"github.com/kata-fsx/kata-fsx/blk/virtq/testdriver"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq/testdriver"
 )
 
 const testSerial = "kata-fsx-test-disk"

@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kata-fsx/kata-fsx/blk/virtq"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq"
 )
 
 // vring is the session's view of one queue. Fields other than callFd/errFd
