@@ -118,13 +118,7 @@ func Serve(ctx context.Context, socketPath string, dev Device, opts Options) (*S
 	if err != nil {
 		return nil, err
 	}
-	if err := prepareDir(filepath.Dir(socketPath)); err != nil {
-		return nil, err
-	}
-	if err := removeStaleSocket(socketPath); err != nil {
-		return nil, err
-	}
-	ln, err := listen(socketPath)
+	ln, err := Listen(socketPath)
 	if err != nil {
 		return nil, err
 	}
@@ -154,6 +148,21 @@ func newServer(dev Device, opts Options) (*Server, error) {
 	}
 	return &Server{dev: dev, opts: opts, offered: dev.Features() | coreFeatures, numQueues: n,
 		done: make(chan struct{}), change: make(chan struct{})}, nil
+}
+
+// Listen creates a unix socket for a device's clients with Serve's checks:
+// the directory is created mode 0700 or must be owned by this user and
+// not writable by group or others, a stale socket is replaced (any other
+// file is refused), and the socket is mode 0600. The listener removes the
+// socket when closed.
+func Listen(socketPath string) (*net.UnixListener, error) {
+	if err := prepareDir(filepath.Dir(socketPath)); err != nil {
+		return nil, err
+	}
+	if err := removeStaleSocket(socketPath); err != nil {
+		return nil, err
+	}
+	return listen(socketPath)
 }
 
 func prepareDir(dir string) error {
