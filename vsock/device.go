@@ -384,6 +384,7 @@ func (d *device) runRX(q *vu.Queue) {
 		pushed := false
 		for {
 			vq.DisableNotification()
+			ringEmpty := false
 			for {
 				d.mu.Lock()
 				if !d.pending() {
@@ -399,6 +400,7 @@ func (d *device) runRX(q *vu.Queue) {
 				}
 				if !ok {
 					d.mu.Unlock()
+					ringEmpty = true
 					break
 				}
 				used := uint32(0)
@@ -427,7 +429,9 @@ func (d *device) runRX(q *vu.Queue) {
 				}
 				pushed = true
 			}
-			if !vq.EnableNotification() {
+			// Out of buffers: ask for a kick, and go on if buffers came
+			// meanwhile. Out of packets: the next one wakes rxWake.
+			if !vq.EnableNotification() || !ringEmpty {
 				break
 			}
 		}
