@@ -20,8 +20,8 @@ import (
 
 	"github.com/kata-fsx/kata-fsx/agent"
 	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
-	vu "github.com/kata-fsx/kata-fsx/vhostuser"
 	"github.com/kata-fsx/kata-fsx/test/testenv"
+	vu "github.com/kata-fsx/kata-fsx/vhostuser"
 )
 
 // hybridTransport reaches the guest agent through the device's hybrid
