@@ -252,12 +252,20 @@ func (d *device) queueCtrl(p ctrlPacket) {
 	poke(d.rxWake)
 }
 
-// queueSend puts c in the send queue if it has something to send.
+// queueSend puts c in the send queue if it has something to send, or
+// asks the guest for credit once if data waits for it.
 func (d *device) queueSend(c *conn) {
 	if !c.queued && c.wantsSend() {
 		c.queued = true
 		d.sendQ = append(d.sendQ, c)
 		poke(d.rxWake)
+		return
+	}
+	if c.state == stateEstablished && c.out.filled() > 0 && !c.peerNoRecv && c.peerCredit() == 0 && !c.creditAsked {
+		// Linux sends CREDIT_UPDATE as it reads; asking once per stall
+		// covers a guest that waits to be asked.
+		c.creditAsked = true
+		d.queueCtrl(ctrlPacket{hdr: d.hostHeader(c, opCreditRequest, 0), conn: c})
 	}
 }
 
@@ -367,12 +375,6 @@ func (d *device) sent(c *conn, n uint32) {
 	c.txCnt += n
 	poke(c.readWake)
 	d.queueSend(c)
-	if c.out.filled() > 0 && c.peerCredit() == 0 && !c.creditAsked {
-		// The guest sends CREDIT_UPDATE as it reads; asking once per
-		// stall covers a guest that waits to be asked.
-		c.creditAsked = true
-		d.queueCtrl(ctrlPacket{hdr: d.hostHeader(c, opCreditRequest, 0), conn: c})
-	}
 }
 
 // runRX fills the guest's receive buffers with what is waiting.

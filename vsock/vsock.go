@@ -64,6 +64,8 @@ const (
 
 	// maxHandshakeLine bounds "CONNECT <port>\n".
 	maxHandshakeLine = 64
+	// vmaddrPortAny is no port a guest can listen on.
+	vmaddrPortAny = 0xffffffff
 )
 
 // Options tune Serve; zero values pick defaults.
@@ -91,10 +93,11 @@ type Server struct {
 	hybrid *net.UnixListener
 	dev    *device
 
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup // the accept loop and every client goroutine
-	done   chan struct{}
+	mu      sync.Mutex
+	closed  bool
+	clients map[net.Conn]struct{} // hybrid clients being served, closed by Close
+	wg      sync.WaitGroup        // the accept loop and every client goroutine
+	done    chan struct{}
 }
 
 // Serve starts a vhost-user-vsock backend listening on vhostSocket (QEMU connects:
@@ -118,7 +121,7 @@ func Serve(ctx context.Context, vhostSocket, hybridSocket string, opts Options) 
 		hl.Close()
 		return nil, fmt.Errorf("vsock: %w", err)
 	}
-	s := &Server{vhost: vs, hybrid: hl, dev: dev, done: make(chan struct{})}
+	s := &Server{vhost: vs, hybrid: hl, dev: dev, clients: make(map[net.Conn]struct{}), done: make(chan struct{})}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	go func() {
@@ -171,6 +174,9 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.closed = true
+	for c := range s.clients {
+		c.Close() // ends handshakes still reading or waiting
+	}
 	s.mu.Unlock()
 	herr := s.hybrid.Close()
 	s.dev.shutdown()
@@ -199,10 +205,21 @@ func (s *Server) acceptLoop() {
 			}
 			return
 		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		s.clients[c] = struct{}{}
 		s.wg.Add(1)
+		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
 			s.serveClient(c)
+			s.mu.Lock()
+			delete(s.clients, c)
+			s.mu.Unlock()
 		}()
 	}
 }
@@ -270,6 +287,9 @@ func readConnect(c net.Conn, timeout time.Duration) (uint32, error) {
 	port, err := strconv.ParseUint(string(rest), 10, 32)
 	if err != nil {
 		return 0, fmt.Errorf("handshake line %q: bad port: %w", line, err)
+	}
+	if port == vmaddrPortAny {
+		return 0, fmt.Errorf("handshake line %q: port %d is VMADDR_PORT_ANY", line, port)
 	}
 	return uint32(port), nil
 }

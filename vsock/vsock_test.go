@@ -147,7 +147,7 @@ func TestRefusedAndUnanswered(t *testing.T) {
 // TestBadHandshake: malformed CONNECT lines are closed, never hang.
 func TestBadHandshake(t *testing.T) {
 	e := newEnv(t, Options{HandshakeTimeout: 300 * time.Millisecond})
-	for _, line := range []string{"CONNECT abc\n", "HELLO 1024\n", "CONNECT 99999999999\n", "CONNECT -1\n", "CONNECT  1024\n",
+	for _, line := range []string{"CONNECT abc\n", "HELLO 1024\n", "CONNECT 99999999999\n", "CONNECT -1\n", "CONNECT  1024\n", "CONNECT 4294967295\n",
 		strings.Repeat("C", 200), "CONNECT 1024", ""} {
 		c, err := net.Dial("unix", e.hybrid)
 		if err != nil {
@@ -406,15 +406,28 @@ func TestTransportReset(t *testing.T) {
 }
 
 // TestCloseResetsConnections: Close tells the guest (RST), closes the
-// client, and is idempotent.
+// client and a client still in its handshake at once, and is idempotent.
 func TestCloseResetsConnections(t *testing.T) {
-	e := newEnv(t, Options{})
+	e := newEnv(t, Options{HandshakeTimeout: time.Hour})
 	g := e.boot(t, false)
 	client, _ := e.connect(t, g, 1024)
-	if err := e.srv.Close(); err != nil {
+	silent, err := net.Dial("unix", e.hybrid)
+	if err != nil {
 		t.Fatal(err)
 	}
+	defer silent.Close()
+	closed := make(chan error, 1)
+	go func() { closed <- e.srv.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(vhostusertest.Wait):
+		t.Fatal("Close waits for a client's handshake")
+	}
 	expectEOF(t, client)
+	expectEOF(t, silent)
 	if err := e.srv.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -431,4 +444,34 @@ func TestConnectionLimit(t *testing.T) {
 	second := e.dialHybrid(t, 1025)
 	expectEOF(t, second)
 	_ = client
+}
+
+// TestMalformedRxBuffers: receive buffers the device cannot use (a
+// device-readable part, no room for a header, outside guest memory) are
+// returned with length 0, and the next good one carries the packet.
+func TestMalformedRxBuffers(t *testing.T) {
+	e := newEnv(t, Options{})
+	f := vhostusertest.Dial(t, e.vhost)
+	f.Negotiate(0)
+	f.SetupMemory()
+	rx := f.StartQueue(queueRX, queueSize)
+	tx := f.StartQueue(queueTX, queueSize)
+	g := &testGuest{t: t, f: f, rx: rx, tx: tx, rxBufs: map[uint32]uint64{}}
+	a := rx.Alloc(4096, 8)
+	bad := []uint16{
+		rx.Publish([]testdriver.Buf{{Addr: a, Len: 16}, {Addr: a + 16, Len: 100, Write: true}}),
+		rx.Publish([]testdriver.Buf{{Addr: a + 200, Len: hdrSize - 1, Write: true}}),
+		rx.Publish([]testdriver.Buf{{Addr: 0x7000000000, Len: 4096, Write: true}}),
+	}
+	g.postRx(rx.Alloc(hdrSize+rxBufSize, 8))
+	rx.Kick()
+	g.send(header{srcCID: testCID, dstCID: hostCID, srcPort: 7, dstPort: 8, typ: typeStream, op: opRequest}, nil)
+	for _, head := range bad {
+		if id, n := rx.WaitUsed(); id != uint32(head) || n != 0 {
+			t.Fatalf("bad rx buffer %d: used %d/%d", head, id, n)
+		}
+	}
+	if h, _ := g.recv(); h.op != opRST || h.dstPort != 7 {
+		t.Fatalf("got %v, want RST", &h)
+	}
 }
