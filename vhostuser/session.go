@@ -13,7 +13,8 @@ import (
 )
 
 // session is one front-end connection. Only its goroutine reads the socket,
-// writes replies and changes session state; queue workers own their queues.
+// writes replies and changes session state; each started queue belongs to
+// its RunQueue goroutine.
 type session struct {
 	srv  *Server
 	conn *net.UnixConn
@@ -289,7 +290,7 @@ func (s *session) ring(i uint32) (*vring, error) {
 	return s.vrings[i], nil
 }
 
-// updateAll brings every ring's worker in line with its state.
+// updateAll starts or stops every ring to match its state.
 func (s *session) updateAll() error {
 	var first error
 	for _, r := range s.vrings {
@@ -327,7 +328,7 @@ func (s *session) install(list []mappedRegion) (installed bool, err error) {
 		return false, fmt.Errorf("%w: %w", errProtocol, err)
 	}
 	for _, r := range s.vrings {
-		r.stopWorker()
+		r.stopQueue()
 	}
 	old := s.regions
 	s.mem, s.regions = mem, list
@@ -435,7 +436,7 @@ func unmapRegions(list []mappedRegion) {
 // teardown stops every queue, closes ring descriptors and unmaps guest memory.
 func (s *session) teardown() {
 	for _, r := range s.vrings {
-		r.stopWorker()
+		r.stopQueue()
 		r.closeFds()
 	}
 	s.srv.dev.Disconnect()

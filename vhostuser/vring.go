@@ -12,7 +12,7 @@ import (
 )
 
 // vring is the session's view of one queue. Fields other than callFd/errFd
-// are touched only by the session goroutine; the worker reads those two
+// are touched only by the session goroutine; the queue's goroutines read those two
 // under fdMu because SET_VRING_CALL may replace them while it runs.
 type vring struct {
 	index int
@@ -64,7 +64,7 @@ func (r *vring) handleState(req Request, st vringState) ([]byte, error) {
 		r.enabled = st.num == 1
 		return nil, r.update()
 	case ReqGetVringBase:
-		r.stopWorker()
+		r.stopQueue()
 		r.started = false
 		if r.kickFd >= 0 {
 			unix.Close(r.kickFd)
@@ -96,7 +96,7 @@ func (r *vring) setFd(req Request, fd int) error {
 		if fd < 0 {
 			return fmt.Errorf("queue %d: polling mode (no kick fd) is not supported", r.index)
 		}
-		r.stopWorker()
+		r.stopQueue()
 		if r.kickFd >= 0 {
 			unix.Close(r.kickFd)
 		}
@@ -119,12 +119,12 @@ func (r *vring) setFd(req Request, fd int) error {
 	return fmt.Errorf("%w: %v", errProtocol, req)
 }
 
-// update starts or stops the worker so it runs exactly when the ring is
+// update starts or stops the queue so RunQueue runs exactly when the ring is
 // started, enabled and fully described, and guest memory is mapped.
 func (r *vring) update() error {
 	want := r.started && r.enabled && r.num != 0 && r.addrSet && r.sess.mem != nil
 	if !want {
-		r.stopWorker()
+		r.stopQueue()
 		return nil
 	}
 	if r.w != nil {
@@ -154,8 +154,8 @@ func (r *vring) update() error {
 	return nil
 }
 
-// stopWorker stops the worker, if any, and records where it stopped.
-func (r *vring) stopWorker() {
+// stopQueue stops the queue, if started, and records where it stopped.
+func (r *vring) stopQueue() {
 	if r.w == nil {
 		return
 	}
