@@ -33,7 +33,7 @@ type conn struct {
 	timer       *time.Timer   // connect timeout, stopped once established
 
 	// Host to guest: bytes read from the client, sent as RW packets within
-	// the guest's credit.
+	// the guest's credit. Both rings are allocated on RESPONSE.
 	out          byteRing
 	txCnt        uint32 // bytes sent to the guest
 	peerBufAlloc uint32 // the guest's receive buffer
@@ -44,7 +44,7 @@ type conn struct {
 	readWake     chan struct{} // room in out or the guest may receive again
 
 	// Guest to host: RW payloads waiting for the client, within our
-	// advertised buffer (buf_alloc = len(in.buf)).
+	// advertised buffer (buf_alloc = Options.BufferSize = len(in.buf)).
 	in          byteRing
 	rxCnt       uint32 // bytes received from the guest
 	fwdCnt      uint32 // bytes written to the client
@@ -173,6 +173,7 @@ func (d *device) Disconnect() {
 		d.closeLocked(c, false)
 	}
 	d.ctrl, d.sendQ = nil, nil
+	d.repliesTaken()
 	if lost {
 		d.resetPending = true
 	}
@@ -230,6 +231,7 @@ func (d *device) pending() bool {
 		d.ctrl[0] = ctrlPacket{}
 		d.ctrl = d.ctrl[1:]
 	}
+	d.repliesTaken()
 	if len(d.ctrl) > 0 {
 		return true
 	}
@@ -245,6 +247,14 @@ func (d *device) pending() bool {
 func (d *device) hostHeader(c *conn, op uint16, flags uint32) header {
 	return header{srcCID: hostCID, dstCID: d.guestCID, srcPort: c.hostPort, dstPort: c.guestPort,
 		typ: typeStream, op: op, flags: flags}
+}
+
+// repliesTaken wakes the tx loop if it stopped for a full reply backlog
+// that is no longer full.
+func (d *device) repliesTaken() {
+	if len(d.ctrl) < maxReplies {
+		poke(d.txWake)
+	}
 }
 
 func (d *device) queueCtrl(p ctrlPacket) {
@@ -282,8 +292,7 @@ func (d *device) connect(client net.Conn, port uint32) (*conn, bool) {
 	}
 	c := &conn{hostPort: d.nextPort, guestPort: port, client: client,
 		established: make(chan struct{}), done: make(chan struct{}),
-		readWake: make(chan struct{}, 1), writeWake: make(chan struct{}, 1),
-		in: newByteRing(d.opts.BufferSize), out: newByteRing(d.opts.BufferSize)}
+		readWake: make(chan struct{}, 1), writeWake: make(chan struct{}, 1)}
 	d.advancePort()
 	d.conns[c.hostPort] = c
 	d.queueCtrl(ctrlPacket{hdr: d.hostHeader(c, opRequest, 0), conn: c})
@@ -315,9 +324,7 @@ func (d *device) nextPacket(room uint32) (hdr header, c *conn, p1, p2 []byte, ok
 		p := d.ctrl[0]
 		d.ctrl[0] = ctrlPacket{}
 		d.ctrl = d.ctrl[1:]
-		if len(d.ctrl) == maxReplies-1 {
-			poke(d.txWake)
-		}
+		d.repliesTaken()
 		hdr = p.hdr
 		if p.conn != nil {
 			if p.conn.state == stateClosed {
@@ -364,7 +371,7 @@ func (d *device) nextPacket(room uint32) (hdr header, c *conn, p1, p2 []byte, ok
 
 // stampCredit fills in our buffer and forwarded count for c.
 func (d *device) stampCredit(h *header, c *conn) {
-	h.bufAlloc = uint32(len(c.in.buf))
+	h.bufAlloc = uint32(d.opts.BufferSize)
 	h.fwdCnt = c.fwdCnt
 	c.lastFwdSent = c.fwdCnt
 }
@@ -574,6 +581,9 @@ func (d *device) handlePacket(h *header, payload [][]byte) {
 		}
 		c.state = stateEstablished
 		c.timer.Stop()
+		// The buffers exist only for established connections, so pending
+		// ones cost no memory.
+		c.in, c.out = newByteRing(d.opts.BufferSize), newByteRing(d.opts.BufferSize)
 		close(c.established)
 	case opRST:
 		d.closeLocked(c, false)
@@ -636,7 +646,7 @@ func (d *device) queueCredit(c *conn) {
 func (d *device) forwarded(c *conn, n int) {
 	c.in.consumed(n)
 	c.fwdCnt += uint32(n)
-	bufAlloc := uint32(len(c.in.buf))
+	bufAlloc := uint32(d.opts.BufferSize)
 	seenFree := bufAlloc - min(bufAlloc, c.rxCnt-c.lastFwdSent)
 	if c.fwdCnt != c.lastFwdSent && seenFree < bufAlloc/2 {
 		d.queueCredit(c)

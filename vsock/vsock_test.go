@@ -475,3 +475,84 @@ func TestMalformedRxBuffers(t *testing.T) {
 		t.Fatalf("got %v, want RST", &h)
 	}
 }
+
+// TestReplyBacklog: a guest that sends packets needing replies but gives
+// no receive buffers stops being read at maxReplies pending replies
+// (bounded memory), and resumes once it takes them.
+func TestReplyBacklog(t *testing.T) {
+	e := newEnv(t, Options{Logf: func(string, ...any) {}})
+	f := vhostusertest.Dial(t, e.vhost)
+	f.Negotiate(0)
+	f.SetupMemory()
+	rx := f.StartQueue(queueRX, queueSize)
+	tx := f.StartQueue(queueTX, queueSize)
+	g := &testGuest{t: t, f: f, rx: rx, tx: tx, rxBufs: map[uint32]uint64{}}
+	var hb [hdrSize]byte
+	h := header{srcCID: testCID, dstCID: hostCID, srcPort: 7, dstPort: 8, typ: typeStream, op: opRequest}
+	h.encode(hb[:])
+	pkt := tx.Alloc(hdrSize, 8)
+	tx.Drv.Write(pkt, hb[:])
+	const total = maxReplies + 40
+	published, used := 0, 0
+	deadline := time.Now().Add(vhostusertest.Wait)
+	for used < maxReplies {
+		for published < total && published-used < queueSize-4 {
+			tx.Publish([]testdriver.Buf{{Addr: pkt, Len: hdrSize}})
+			published++
+		}
+		tx.Kick()
+		for {
+			if _, _, ok := tx.Drv.Used(); !ok {
+				break
+			}
+			used++
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d packets consumed", used, maxReplies)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	for {
+		if _, _, ok := tx.Drv.Used(); !ok {
+			break
+		}
+		used++
+	}
+	if used != maxReplies {
+		t.Fatalf("%d packets consumed with no receive buffer, want the limit %d", used, maxReplies)
+	}
+	// Receive buffers: the replies flow and the rest is read.
+	for range rxBuffers {
+		g.postRx(rx.Alloc(hdrSize+rxBufSize, 8))
+	}
+	rx.Kick()
+	for got := 0; got < total; got++ {
+		if h, _ := g.recv(); h.op != opRST {
+			t.Fatalf("reply %d: %v", got, &h)
+		}
+		for {
+			if _, _, ok := tx.Drv.Used(); !ok {
+				break
+			}
+			used++
+		}
+		for published < total && published-used < queueSize-4 {
+			tx.Publish([]testdriver.Buf{{Addr: pkt, Len: hdrSize}})
+			published++
+			tx.Kick()
+		}
+	}
+	// The last used entries may follow their replies.
+	for deadline := time.Now().Add(vhostusertest.Wait); used < total && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		for {
+			if _, _, ok := tx.Drv.Used(); !ok {
+				break
+			}
+			used++
+		}
+	}
+	if used != total {
+		t.Fatalf("%d of %d packets consumed", used, total)
+	}
+}
