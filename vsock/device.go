@@ -320,7 +320,7 @@ func (d *device) advancePort() {
 // hdr and returns the payload spans (nil for none); ok is false when
 // nothing is waiting. Called with mu held.
 func (d *device) nextPacket(room uint32) (hdr header, c *conn, p1, p2 []byte, ok bool) {
-	if len(d.ctrl) > 0 {
+	for len(d.ctrl) > 0 {
 		p := d.ctrl[0]
 		d.ctrl[0] = ctrlPacket{}
 		d.ctrl = d.ctrl[1:]
@@ -328,7 +328,7 @@ func (d *device) nextPacket(room uint32) (hdr header, c *conn, p1, p2 []byte, ok
 		hdr = p.hdr
 		if p.conn != nil {
 			if p.conn.state == stateClosed {
-				return d.nextPacket(room)
+				continue // its RST, if any, is queued on its own
 			}
 			if hdr.op == opCreditUpdate {
 				p.conn.creditDue = false

@@ -78,8 +78,9 @@ type Options struct {
 	// MaxConnections bounds open and pending hybrid connections; clients
 	// beyond it are closed. Default 256.
 	MaxConnections int
-	// BufferSize is what each connection buffers in each direction, and
-	// the buf_alloc the guest is told (4 KiB..64 MiB). Default 256 KiB.
+	// BufferSize is what each connection buffers in each direction
+	// (allocated once the guest accepts), and the buf_alloc the guest is
+	// told (4 KiB..64 MiB). Default 256 KiB.
 	BufferSize int
 	// ConnectTimeout bounds the wait for the guest's RESPONSE. Default 10 s.
 	ConnectTimeout time.Duration
