@@ -197,23 +197,23 @@ func EncodeHeader(b []byte, h Header) {
 // checkHeader applies the header checks that precede reading the payload.
 func checkHeader(h Header) (*reqSpec, error) {
 	if h.Flags&flagVersionMask != FlagVersion {
-		return nil, fmt.Errorf("%w: version %d", errProtocol, h.Flags&flagVersionMask)
+		return nil, fmt.Errorf("%w: version %d", ErrProtocol, h.Flags&flagVersionMask)
 	}
 	if h.Flags&^flagsKnown != 0 {
-		return nil, fmt.Errorf("%w: reserved flag bits %#x", errProtocol, h.Flags&^flagsKnown)
+		return nil, fmt.Errorf("%w: reserved flag bits %#x", ErrProtocol, h.Flags&^flagsKnown)
 	}
 	if h.Flags&FlagReply != 0 {
-		return nil, fmt.Errorf("%w: %v has the reply flag", errProtocol, h.Req)
+		return nil, fmt.Errorf("%w: %v has the reply flag", ErrProtocol, h.Req)
 	}
 	if h.Size > MaxPayload {
-		return nil, fmt.Errorf("%w: payload of %d bytes exceeds %d", errProtocol, h.Size, MaxPayload)
+		return nil, fmt.Errorf("%w: payload of %d bytes exceeds %d", ErrProtocol, h.Size, MaxPayload)
 	}
 	spec, ok := specFor(h.Req)
 	if !ok {
-		return nil, fmt.Errorf("%w: unknown request %d", errProtocol, uint32(h.Req))
+		return nil, fmt.Errorf("%w: unknown request %d", ErrProtocol, uint32(h.Req))
 	}
 	if h.Size < spec.minSize || h.Size > spec.maxSize {
-		return nil, fmt.Errorf("%w: %s payload is %d bytes, want %d..%d", errProtocol, spec.name, h.Size, spec.minSize, spec.maxSize)
+		return nil, fmt.Errorf("%w: %s payload is %d bytes, want %d..%d", ErrProtocol, spec.name, h.Size, spec.minSize, spec.maxSize)
 	}
 	return spec, nil
 }
@@ -222,10 +222,10 @@ func checkHeader(h Header) (*reqSpec, error) {
 // exact payload shape and the descriptor count.
 func checkMessage(spec *reqSpec, h Header, payload []byte, nfds int, ackedProto uint64) error {
 	if spec.proto != protoNone && ackedProto&(1<<spec.proto) == 0 {
-		return fmt.Errorf("%w: %s needs protocol feature %d, not acked", errProtocol, spec.name, spec.proto)
+		return fmt.Errorf("%w: %s needs protocol feature %d, not acked", ErrProtocol, spec.name, spec.proto)
 	}
 	if uint32(len(payload)) != h.Size {
-		return fmt.Errorf("%w: %s payload truncated", errProtocol, spec.name)
+		return fmt.Errorf("%w: %s payload truncated", ErrProtocol, spec.name)
 	}
 	want := 0
 	switch spec.fds {
@@ -236,10 +236,10 @@ func checkMessage(spec *reqSpec, h Header, payload []byte, nfds int, ackedProto 
 	case fdsRegions:
 		n := binary.LittleEndian.Uint32(payload[0:4])
 		if n == 0 || n > maxFds {
-			return fmt.Errorf("%w: %s with %d regions", errProtocol, spec.name, n)
+			return fmt.Errorf("%w: %s with %d regions", ErrProtocol, spec.name, n)
 		}
 		if h.Size != sizeMemHeader+n*sizeMemRegion {
-			return fmt.Errorf("%w: %s of %d regions is %d bytes", errProtocol, spec.name, n, h.Size)
+			return fmt.Errorf("%w: %s of %d regions is %d bytes", ErrProtocol, spec.name, n, h.Size)
 		}
 		want = int(n)
 	case fdsOne:
@@ -253,11 +253,11 @@ func checkMessage(spec *reqSpec, h Header, payload []byte, nfds int, ackedProto 
 			return err
 		}
 		if h.Size != sizeConfigHead+cfg.size {
-			return fmt.Errorf("%w: %s declares %d config bytes in a %d-byte payload", errProtocol, spec.name, cfg.size, h.Size)
+			return fmt.Errorf("%w: %s declares %d config bytes in a %d-byte payload", ErrProtocol, spec.name, cfg.size, h.Size)
 		}
 	}
 	if nfds != want {
-		return fmt.Errorf("%w: %s carries %d file descriptors, want %d", errProtocol, spec.name, nfds, want)
+		return fmt.Errorf("%w: %s carries %d file descriptors, want %d", ErrProtocol, spec.name, nfds, want)
 	}
 	return nil
 }
@@ -292,13 +292,13 @@ func decodeRegion(e []byte) (memRegion, error) {
 		mmapOffset: binary.LittleEndian.Uint64(e[24:32]),
 	}
 	if r.size == 0 {
-		return r, fmt.Errorf("%w: zero-size memory region", errProtocol)
+		return r, fmt.Errorf("%w: zero-size memory region", ErrProtocol)
 	}
 	_, c1 := bits.Add64(r.guestAddr, r.size, 0)
 	_, c2 := bits.Add64(r.userAddr, r.size, 0)
 	_, c3 := bits.Add64(r.mmapOffset, r.size, 0)
 	if c1|c2|c3 != 0 {
-		return r, fmt.Errorf("%w: memory region overflows", errProtocol)
+		return r, fmt.Errorf("%w: memory region overflows", ErrProtocol)
 	}
 	return r, nil
 }
@@ -339,7 +339,7 @@ func decodeConfigHeader(p []byte) (configHeader, error) {
 	}
 	end, carry := bits.Add32(c.offset, c.size, 0)
 	if carry != 0 || end > maxConfigSize || c.size == 0 {
-		return c, fmt.Errorf("%w: config window offset %d size %d", errProtocol, c.offset, c.size)
+		return c, fmt.Errorf("%w: config window offset %d size %d", ErrProtocol, c.offset, c.size)
 	}
 	return c, nil
 }

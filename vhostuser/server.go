@@ -37,9 +37,6 @@ import (
 // ErrProtocol marks a message that violates the protocol; the connection is dropped.
 var ErrProtocol = errors.New("vhost-user protocol error")
 
-// errProtocol is the package's shorthand for ErrProtocol.
-var errProtocol = ErrProtocol
-
 // Device is the virtio device a Server serves. The server calls its methods
 // from the session goroutine, except RunQueue, which runs on a goroutine of
 // its own per started queue; implementations must allow RunQueue of

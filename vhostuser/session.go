@@ -111,11 +111,11 @@ func (s *session) readMessage() (*message, error) {
 		return fail(io.EOF)
 	}
 	if flags&unix.MSG_CTRUNC != 0 {
-		return fail(fmt.Errorf("%w: ancillary data truncated (more than %d descriptors?)", errProtocol, maxFds))
+		return fail(fmt.Errorf("%w: ancillary data truncated (more than %d descriptors?)", ErrProtocol, maxFds))
 	}
 	if n < HeaderSize {
 		if _, err := io.ReadFull(s.conn, hb[n:]); err != nil {
-			return fail(fmt.Errorf("%w: truncated header: %w", errProtocol, err))
+			return fail(fmt.Errorf("%w: truncated header: %w", ErrProtocol, err))
 		}
 	}
 	h := DecodeHeader(hb)
@@ -125,7 +125,7 @@ func (s *session) readMessage() (*message, error) {
 	}
 	payload := s.payloadBuf[:h.Size]
 	if _, err := io.ReadFull(s.conn, payload); err != nil {
-		return fail(fmt.Errorf("%w: %s payload truncated: %w", errProtocol, spec.name, err))
+		return fail(fmt.Errorf("%w: %s payload truncated: %w", ErrProtocol, spec.name, err))
 	}
 	if err := checkMessage(spec, h, payload, len(fds), s.ackedProto); err != nil {
 		return fail(err)
@@ -138,20 +138,20 @@ func (s *session) readMessage() (*message, error) {
 func parseRights(oob []byte) ([]int, error) {
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
-		return nil, fmt.Errorf("%w: control message: %w", errProtocol, err)
+		return nil, fmt.Errorf("%w: control message: %w", ErrProtocol, err)
 	}
 	var fds []int
 	var bad error
 	for i := range msgs {
 		got, err := unix.ParseUnixRights(&msgs[i])
 		if err != nil {
-			bad = fmt.Errorf("%w: unexpected control message: %w", errProtocol, err)
+			bad = fmt.Errorf("%w: unexpected control message: %w", ErrProtocol, err)
 			continue
 		}
 		fds = append(fds, got...)
 	}
 	if bad == nil && len(fds) > maxFds {
-		bad = fmt.Errorf("%w: %d descriptors", errProtocol, len(fds))
+		bad = fmt.Errorf("%w: %d descriptors", ErrProtocol, len(fds))
 	}
 	return fds, bad
 }
@@ -179,7 +179,7 @@ func (s *session) dispatch(m *message) error {
 		if werr := s.reply(m.hdr.Req, ack[:]); werr != nil {
 			return werr
 		}
-		if errors.Is(err, errProtocol) {
+		if errors.Is(err, ErrProtocol) {
 			return err
 		}
 		return nil
@@ -215,7 +215,7 @@ func (s *session) handle(m *message) ([]byte, error) {
 	case ReqSetFeatures:
 		f := binary.LittleEndian.Uint64(p)
 		if f&^s.srv.offered != 0 {
-			return nil, fmt.Errorf("%w: acked features %#x not offered", errProtocol, f&^s.srv.offered)
+			return nil, fmt.Errorf("%w: acked features %#x not offered", ErrProtocol, f&^s.srv.offered)
 		}
 		s.acked = f
 		if f&(1<<FeatProtocolFeatures) == 0 {
@@ -230,7 +230,7 @@ func (s *session) handle(m *message) ([]byte, error) {
 	case ReqSetProtocolFeatures:
 		f := binary.LittleEndian.Uint64(p)
 		if f&^OfferedProtocolFeatures != 0 {
-			return nil, fmt.Errorf("%w: acked protocol features %#x not offered", errProtocol, f&^OfferedProtocolFeatures)
+			return nil, fmt.Errorf("%w: acked protocol features %#x not offered", ErrProtocol, f&^OfferedProtocolFeatures)
 		}
 		s.ackedProto = f
 		return nil, nil
@@ -264,7 +264,7 @@ func (s *session) handle(m *message) ([]byte, error) {
 	case ReqSetVringKick, ReqSetVringCall, ReqSetVringErr:
 		v := binary.LittleEndian.Uint64(p)
 		if v&^(vringIdxMask|VringNoFd) != 0 {
-			return nil, fmt.Errorf("%w: reserved bits in %#x", errProtocol, v)
+			return nil, fmt.Errorf("%w: reserved bits in %#x", ErrProtocol, v)
 		}
 		r, err := s.ring(uint32(v & vringIdxMask))
 		if err != nil {
@@ -280,12 +280,12 @@ func (s *session) handle(m *message) ([]byte, error) {
 	case ReqSetConfig:
 		return nil, errors.New("configuration space is read-only")
 	}
-	return nil, fmt.Errorf("%w: no handler for %v", errProtocol, m.hdr.Req)
+	return nil, fmt.Errorf("%w: no handler for %v", ErrProtocol, m.hdr.Req)
 }
 
 func (s *session) ring(i uint32) (*vring, error) {
 	if uint64(i) >= uint64(len(s.vrings)) {
-		return nil, fmt.Errorf("%w: queue index %d, device has %d", errProtocol, i, len(s.vrings))
+		return nil, fmt.Errorf("%w: queue index %d, device has %d", ErrProtocol, i, len(s.vrings))
 	}
 	return s.vrings[i], nil
 }
@@ -325,7 +325,7 @@ func (s *session) install(list []mappedRegion) (installed bool, err error) {
 	}
 	mem, err := virtq.NewMemory(vr)
 	if err != nil {
-		return false, fmt.Errorf("%w: %w", errProtocol, err)
+		return false, fmt.Errorf("%w: %w", ErrProtocol, err)
 	}
 	for _, r := range s.vrings {
 		r.stopQueue()
@@ -375,7 +375,7 @@ func (s *session) addMemReg(m *message) error {
 		return err
 	}
 	if len(s.regions) >= MaxMemSlots {
-		return fmt.Errorf("%w: more than %d memory regions", errProtocol, MaxMemSlots)
+		return fmt.Errorf("%w: more than %d memory regions", ErrProtocol, MaxMemSlots)
 	}
 	data, err := mapRegion(m.fds[0], r)
 	if err != nil {
@@ -411,14 +411,14 @@ func (s *session) remMemReg(m *message) error {
 func mapRegion(fd int, r memRegion) ([]byte, error) {
 	total := r.mmapOffset + r.size // overflow checked when decoding
 	if total > 1<<46 {
-		return nil, fmt.Errorf("%w: region of %d bytes", errProtocol, total)
+		return nil, fmt.Errorf("%w: region of %d bytes", ErrProtocol, total)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("stat region fd: %w", err)
 	}
 	if st.Mode&unix.S_IFMT == unix.S_IFREG && uint64(st.Size) < total {
-		return nil, fmt.Errorf("%w: region needs %d bytes of a %d-byte file", errProtocol, total, st.Size)
+		return nil, fmt.Errorf("%w: region needs %d bytes of a %d-byte file", ErrProtocol, total, st.Size)
 	}
 	data, err := unix.Mmap(fd, 0, int(total), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {

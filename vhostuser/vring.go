@@ -41,7 +41,7 @@ func (r *vring) handleState(req Request, st vringState) ([]byte, error) {
 	switch req {
 	case ReqSetVringNum:
 		if st.num == 0 || st.num > virtq.MaxSize || st.num&(st.num-1) != 0 {
-			return nil, fmt.Errorf("%w: queue %d size %d", errProtocol, r.index, st.num)
+			return nil, fmt.Errorf("%w: queue %d size %d", ErrProtocol, r.index, st.num)
 		}
 		if r.w != nil {
 			return nil, fmt.Errorf("queue %d: size change while running", r.index)
@@ -50,7 +50,7 @@ func (r *vring) handleState(req Request, st vringState) ([]byte, error) {
 		return nil, nil
 	case ReqSetVringBase:
 		if st.num > 0xffff {
-			return nil, fmt.Errorf("%w: queue %d base %d", errProtocol, r.index, st.num)
+			return nil, fmt.Errorf("%w: queue %d base %d", ErrProtocol, r.index, st.num)
 		}
 		if r.w != nil {
 			return nil, fmt.Errorf("queue %d: base change while running", r.index)
@@ -59,7 +59,7 @@ func (r *vring) handleState(req Request, st vringState) ([]byte, error) {
 		return nil, nil
 	case ReqSetVringEnable:
 		if st.num > 1 {
-			return nil, fmt.Errorf("%w: queue %d enable %d", errProtocol, r.index, st.num)
+			return nil, fmt.Errorf("%w: queue %d enable %d", ErrProtocol, r.index, st.num)
 		}
 		r.enabled = st.num == 1
 		return nil, r.update()
@@ -75,12 +75,12 @@ func (r *vring) handleState(req Request, st vringState) ([]byte, error) {
 		binary.LittleEndian.PutUint32(b[4:], uint32(r.base))
 		return b[:], nil
 	}
-	return nil, fmt.Errorf("%w: %v", errProtocol, req)
+	return nil, fmt.Errorf("%w: %v", ErrProtocol, req)
 }
 
 func (r *vring) setAddr(a vringAddr) error {
 	if a.flags&^1 != 0 { // bit 0 is VHOST_VRING_F_LOG, meaningless without logging
-		return fmt.Errorf("%w: queue %d address flags %#x", errProtocol, r.index, a.flags)
+		return fmt.Errorf("%w: queue %d address flags %#x", ErrProtocol, r.index, a.flags)
 	}
 	if r.w != nil {
 		return fmt.Errorf("queue %d: address change while running", r.index)
@@ -116,7 +116,7 @@ func (r *vring) setFd(req Request, fd int) error {
 		r.fdMu.Unlock()
 		return nil
 	}
-	return fmt.Errorf("%w: %v", errProtocol, req)
+	return fmt.Errorf("%w: %v", ErrProtocol, req)
 }
 
 // update starts or stops the queue so RunQueue runs exactly when the ring is
