@@ -28,6 +28,7 @@ package vhostuser
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	vu "github.com/kata-fsx/kata-fsx/vhostuser"
@@ -86,7 +87,7 @@ func Serve(ctx context.Context, socketPath string, dev BlockDevice, opts Options
 // newBlkDevice applies the defaults to o and builds the device.
 func newBlkDevice(dev BlockDevice, o *Options) (*blkDevice, error) {
 	if dev == nil {
-		return nil, fmt.Errorf("vhostuser: nil device")
+		return nil, errors.New("vhostuser: nil device")
 	}
 	cfg, err := buildConfig(dev, o)
 	if err != nil {
