@@ -24,13 +24,18 @@
 // and sends CREDIT_UPDATE as the client drains what the guest sent. A
 // client that reads slowly therefore stops the guest's sender instead of
 // growing a buffer: each connection holds at most BufferSize bytes in
-// each direction. The guest's packets are untrusted: a short header, a
-// len that differs from the bytes after the header or exceeds 64 KiB, a
-// misaddressed packet (source CID not the guest's, destination not the
-// host) or a type other than STREAM is dropped and logged, and answered
-// with RST (the connection it belongs to, if any, is closed). Nothing on
-// the host listens for guest-initiated connections: a guest REQUEST is
-// answered with RST. SEQPACKET is not offered.
+// each direction. The guest's packets are untrusted: one shorter than its
+// header is dropped and logged; a len that differs from the bytes after
+// the header or exceeds 64 KiB, a device-writable buffer in a transmit
+// chain, a misaddressed packet (source CID not the guest's, destination
+// not the host), a type other than STREAM or a packet for no known
+// connection is dropped, logged and answered with RST (never an RST: that
+// would ping-pong), and the connection it belongs to, if any, is closed.
+// Nothing on the host listens for guest-initiated connections: a guest
+// REQUEST is answered with RST. SEQPACKET is not offered. Connections
+// survive the queues being stopped and restarted (QEMU does that when the
+// VM is paused); after a guest reboot, a stale one is reset on its next
+// packet, which the new guest answers with RST.
 //
 // QEMU's vhost-user-vsock keeps the event queue for itself (it sends the
 // transport reset after migration) and hands the backend rx and tx only.
