@@ -560,12 +560,14 @@ func (d *device) handlePacket(h *header, payload [][]byte) {
 	}
 	if h.op == opRequest {
 		// Nothing on the host listens for guest-initiated connections.
+		d.logf("vsock: guest connection to host port %d refused: no host listeners", h.dstPort)
 		d.refuse(h)
 		return
 	}
 	c := d.lookup(h)
 	if c == nil {
 		if h.op != opRST {
+			d.logf("vsock: packet for no connection refused: %v", h)
 			d.refuse(h)
 		}
 		return
