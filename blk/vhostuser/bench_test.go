@@ -13,6 +13,7 @@ import (
 
 	"github.com/kata-fsx/kata-fsx/blk/overlay"
 	"github.com/kata-fsx/kata-fsx/test/testenv"
+	"github.com/kata-fsx/kata-fsx/vhostuser/vhostusertest"
 )
 
 // BenchmarkRead4K drives one queue with 4 KiB reads as fast as the test
@@ -81,10 +82,10 @@ func BenchmarkRead4K(b *testing.B) {
 // blocks, kicked together, each batch waited for.
 func read4K(b *testing.B, sock string, size uint64) {
 	const batch = 32
-	f := dialFrontend(b, sock)
-	f.negotiate(0)
-	f.setupMemory()
-	q := f.startQueue(0, 256)
+	f := vhostusertest.Dial(b, sock)
+	f.Negotiate(0)
+	f.SetupMemory()
+	q := startQueue(b, f, 0, 256)
 	pend := make([]pendingReq, 0, batch)
 	sector := uint64(0)
 	b.ResetTimer()
@@ -94,9 +95,9 @@ func read4K(b *testing.B, sock string, size uint64) {
 			pend = append(pend, q.prepare(blkTypeIn, sector, nil, 4096))
 			sector = (sector + 8) % (size / 512)
 		}
-		q.kickIt()
+		q.Kick()
 		for range pend {
-			q.waitUsed()
+			q.WaitUsed()
 		}
 		done += len(pend)
 	}

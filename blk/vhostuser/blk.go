@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"math/bits"
 
-	"github.com/kata-fsx/kata-fsx/blk/virtq"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq"
 )
 
 // BlockDevice is the storage behind the virtio-blk device; *overlay.Device satisfies it.
@@ -61,6 +61,9 @@ const (
 	sectorSize     = 512
 
 	blkFlagUnmap = 1
+
+	// blkConfigSize is the part of struct virtio_blk_config the device fills.
+	blkConfigSize = 60
 )
 
 // blkConfig is the device-side configuration of the virtio-blk device.
@@ -78,10 +81,10 @@ type blkConfig struct {
 	readOnly          bool
 }
 
-// configSpace encodes struct virtio_blk_config into a maxConfigSize window
-// (fields after write_zeroes_may_unmap read as zero).
-func (c *blkConfig) configSpace() [maxConfigSize]byte {
-	var b [maxConfigSize]byte
+// configSpace encodes struct virtio_blk_config up to write_zeroes_may_unmap
+// and its padding (the fields after it are not offered).
+func (c *blkConfig) configSpace() [blkConfigSize]byte {
+	var b [blkConfigSize]byte
 	le := binary.LittleEndian
 	le.PutUint64(b[0:], c.capacity)
 	le.PutUint32(b[8:], 0) // size_max: VIRTIO_BLK_F_SIZE_MAX not offered

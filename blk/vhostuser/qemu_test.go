@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/test/testenv"
+	vu "github.com/kata-fsx/kata-fsx/vhostuser"
 )
 
 // qmpClient speaks just enough QMP for the smoke test.
@@ -117,12 +118,12 @@ func TestQEMUSmoke(t *testing.T) {
 	if err != nil || !strings.Contains(string(ret), `"vblk"`) {
 		t.Fatalf("device not realized: %s %v; qemu stderr: %s", ret, err, stderr.String())
 	}
-	for _, r := range []request{reqGetFeatures, reqGetProtocolFeatures, reqSetProtocolFeatures, reqGetQueueNum, reqGetConfig} {
-		if env.srv.counts[r].Load() == 0 {
+	for _, r := range []vu.Request{vu.ReqGetFeatures, vu.ReqGetProtocolFeatures, vu.ReqSetProtocolFeatures, vu.ReqGetQueueNum, vu.ReqGetConfig} {
+		if env.srv.Requests(r) == 0 {
 			t.Errorf("QEMU never sent %v", r)
 		}
 	}
-	t.Logf("requests from QEMU: %s", env.srv.countSummary())
+	t.Logf("requests from QEMU: %s", env.srv.RequestSummary())
 	if _, err := q.run("quit", nil); err != nil && !strings.Contains(err.Error(), "EOF") {
 		t.Logf("quit: %v", err)
 	}

@@ -2,7 +2,10 @@
 // protocol (QEMU docs/interop/vhost-user.rst) on a unix socket: QEMU's
 // `-chardev socket,path=SOCK -device vhost-user-blk-pci,chardev=...`
 // connects, shares guest RAM (which must be share=on), and this backend
-// processes the virtqueues in-process, one goroutine per started queue.
+// processes the virtqueues in-process, one worker per started queue. The
+// protocol itself (the session, message gate, memory table and vrings) is
+// the device-generic core of package github.com/kata-fsx/kata-fsx/vhostuser;
+// this package is the virtio-blk device on it.
 //
 // One front-end connection is served at a time; when it goes away (QEMU
 // quits or reconnects) queues stop, guest memory is unmapped, descriptors
@@ -18,30 +21,19 @@
 //	defer srv.Close()
 //	defer dev.Close()
 //
-// Supported: VERSION_1, INDIRECT_DESC, EVENT_IDX, BLK_F_SEG_MAX, BLK_SIZE,
-// FLUSH, MQ, DISCARD, WRITE_ZEROES (RO instead of the last two when the
-// device is read-only); protocol features MQ, REPLY_ACK, CONFIG,
-// CONFIGURE_MEM_SLOTS. Not supported: inflight tracking
-// (GET/SET_INFLIGHT_FD), dirty logging (migration), backend requests,
-// polling mode without a kick eventfd.
+// Supported: VERSION_1, INDIRECT_DESC, EVENT_IDX (from the core),
+// BLK_F_SEG_MAX, BLK_SIZE, FLUSH, MQ, DISCARD, WRITE_ZEROES (RO instead of
+// the last two when the device is read-only); the core's protocol features.
 package vhostuser
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os"
-	"path/filepath"
-	"sync"
-	"sync/atomic"
-	"syscall"
 
-	"github.com/kata-fsx/kata-fsx/blk/virtq"
+	vu "github.com/kata-fsx/kata-fsx/vhostuser"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq"
 )
-
-// errProtocol marks a message that violates the protocol; the connection is dropped.
-var errProtocol = errors.New("vhost-user protocol error")
 
 // Defaults for Options fields left zero.
 const (
@@ -72,34 +64,11 @@ type Options struct {
 	Logf func(format string, args ...any)
 }
 
+// Server is a running vhost-user-blk backend (the core's server).
+type Server = vu.Server
+
 // Stats counts connections for monitoring and tests.
-type Stats struct {
-	// Connections is the number of front-end connections accepted.
-	Connections uint64
-	// Disconnects is the number of connections fully torn down.
-	Disconnects uint64
-	// LastError is why the most recent connection ended (nil for a clean hang-up).
-	LastError error
-}
-
-// Server is a running vhost-user-blk backend.
-type Server struct {
-	ln   *net.UnixListener
-	path string
-	dev  BlockDevice
-	cfg  blkConfig
-	opts Options
-
-	mu     sync.Mutex
-	cur    *net.UnixConn
-	closed bool
-	stats  Stats
-	change chan struct{} // closed and replaced whenever stats change
-
-	counts [len(specs)]atomic.Uint64 // requests handled, by request number
-
-	done chan struct{}
-}
+type Stats = vu.Stats
 
 // Serve listens on socketPath and serves dev until ctx ends or Close is
 // called. The socket's directory is created mode 0700 if missing; if it
@@ -108,33 +77,23 @@ type Server struct {
 // disk and the directory is what keeps other users out. The socket is
 // created mode 0600.
 func Serve(ctx context.Context, socketPath string, dev BlockDevice, opts Options) (*Server, error) {
+	d, err := newBlkDevice(dev, &opts)
+	if err != nil {
+		return nil, err
+	}
+	return vu.Serve(ctx, socketPath, d, vu.Options{Logf: opts.Logf})
+}
+
+// newBlkDevice applies the defaults to o and builds the device.
+func newBlkDevice(dev BlockDevice, o *Options) (*blkDevice, error) {
 	if dev == nil {
 		return nil, errors.New("vhostuser: nil device")
 	}
-	cfg, err := buildConfig(dev, &opts)
+	cfg, err := buildConfig(dev, o)
 	if err != nil {
 		return nil, err
 	}
-	if err := prepareDir(filepath.Dir(socketPath)); err != nil {
-		return nil, err
-	}
-	if err := removeStaleSocket(socketPath); err != nil {
-		return nil, err
-	}
-	ln, err := listen(socketPath)
-	if err != nil {
-		return nil, err
-	}
-	s := &Server{ln: ln, path: socketPath, dev: dev, cfg: cfg, opts: opts, done: make(chan struct{}), change: make(chan struct{})}
-	go s.acceptLoop()
-	go func() {
-		select {
-		case <-ctx.Done():
-			s.Close()
-		case <-s.done:
-		}
-	}()
-	return s, nil
+	return &blkDevice{h: blkHandler{dev: dev, cfg: cfg}, space: cfg.configSpace()}, nil
 }
 
 func buildConfig(dev BlockDevice, o *Options) (blkConfig, error) {
@@ -187,169 +146,46 @@ func buildConfig(dev BlockDevice, o *Options) (blkConfig, error) {
 	}, nil
 }
 
-func prepareDir(dir string) error {
-	err := os.Mkdir(dir, 0o700)
-	if err == nil {
-		return nil
-	}
-	if !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("vhostuser: create socket directory: %w", err)
-	}
-	st, err := os.Lstat(dir)
-	if err != nil {
-		return fmt.Errorf("vhostuser: socket directory: %w", err)
-	}
-	if !st.IsDir() {
-		return fmt.Errorf("vhostuser: socket directory %s is not a directory", dir)
-	}
-	sys, ok := st.Sys().(*syscall.Stat_t)
-	if !ok || int(sys.Uid) != os.Geteuid() {
-		return fmt.Errorf("vhostuser: socket directory %s is not owned by uid %d", dir, os.Geteuid())
-	}
-	if st.Mode().Perm()&0o022 != 0 {
-		return fmt.Errorf("vhostuser: socket directory %s is writable by group or others (%v)", dir, st.Mode().Perm())
-	}
-	return nil
+// Virtio-blk feature bits (virtio 1.2 section 5.2.3).
+const (
+	featBlkSegMax      = 2
+	featBlkRO          = 5
+	featBlkBlkSize     = 6
+	featBlkFlush       = 9
+	featBlkMQ          = 12
+	featBlkDiscard     = 13
+	featBlkWriteZeroes = 14
+)
+
+// blkDevice is the virtio-blk device the core serves.
+type blkDevice struct {
+	h     blkHandler
+	space [blkConfigSize]byte
 }
 
-func removeStaleSocket(path string) error {
-	st, err := os.Lstat(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
+// Features implements vu.Device.
+func (d *blkDevice) Features() uint64 {
+	f := uint64(1<<featBlkSegMax | 1<<featBlkBlkSize | 1<<featBlkFlush | 1<<featBlkMQ)
+	if d.h.cfg.readOnly {
+		f |= 1 << featBlkRO
+	} else {
+		f |= 1<<featBlkDiscard | 1<<featBlkWriteZeroes
 	}
-	if err != nil {
-		return fmt.Errorf("vhostuser: socket path: %w", err)
-	}
-	if st.Mode()&os.ModeSocket == 0 {
-		return fmt.Errorf("vhostuser: %s exists and is not a socket", path)
-	}
-	if err := os.Remove(path); err != nil {
-		return fmt.Errorf("vhostuser: remove stale socket: %w", err)
-	}
-	return nil
+	return f
 }
 
-// listen binds with a restrictive umask so the socket is never, even
-// briefly, accessible to others. The umask is process-wide; it is restored
-// right after bind, and the directory check above is the real guard.
-func listen(path string) (*net.UnixListener, error) {
-	old := syscall.Umask(0o177)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	syscall.Umask(old)
-	if err != nil {
-		return nil, fmt.Errorf("vhostuser: listen: %w", err)
-	}
-	ln.SetUnlinkOnClose(true)
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("vhostuser: chmod socket: %w", err)
-	}
-	return ln, nil
-}
+// NumQueues implements vu.Device.
+func (d *blkDevice) NumQueues() int { return int(d.h.cfg.numQueues) }
 
-// Path returns the socket path.
-func (s *Server) Path() string { return s.path }
-
-// Stats returns connection counters.
-func (s *Server) Stats() Stats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.stats
-}
-
-// WaitStats blocks until cond holds for the current stats or ctx ends.
-func (s *Server) WaitStats(ctx context.Context, cond func(Stats) bool) (Stats, error) {
-	for {
-		s.mu.Lock()
-		st, ch := s.stats, s.change
-		s.mu.Unlock()
-		if cond(st) {
-			return st, nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return st, ctx.Err()
-		}
+// ReadConfig implements vu.Device.
+func (d *blkDevice) ReadConfig(offset uint32, p []byte) {
+	if offset < uint32(len(d.space)) {
+		copy(p, d.space[offset:])
 	}
 }
 
-func (s *Server) bump(f func(*Stats)) {
-	s.mu.Lock()
-	f(&s.stats)
-	close(s.change)
-	s.change = make(chan struct{})
-	s.mu.Unlock()
-}
+// RunQueue implements vu.Device.
+func (d *blkDevice) RunQueue(q *vu.Queue) { runWorker(&d.h, q) }
 
-func (s *Server) acceptLoop() {
-	defer close(s.done)
-	for {
-		c, err := s.ln.AcceptUnix()
-		if err != nil {
-			s.mu.Lock()
-			closed := s.closed
-			s.mu.Unlock()
-			if !closed {
-				s.opts.Logf("vhostuser: accept: %v", err)
-			}
-			return
-		}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			c.Close()
-			return
-		}
-		s.cur = c
-		s.mu.Unlock()
-		s.bump(func(st *Stats) { st.Connections++ })
-
-		sess := newSession(s, c)
-		err = sess.serve()
-		sess.teardown()
-		c.Close()
-		s.mu.Lock()
-		s.cur = nil
-		closing := s.closed
-		s.mu.Unlock()
-		if err != nil && !closing {
-			s.opts.Logf("vhostuser: connection ended: %v", err)
-		}
-		s.bump(func(st *Stats) { st.Disconnects++; st.LastError = err })
-	}
-}
-
-// Close stops accepting, drops the current connection (stopping its queues
-// and unmapping guest memory) and waits for everything to finish.
-func (s *Server) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		<-s.done
-		return nil
-	}
-	s.closed = true
-	cur := s.cur
-	s.mu.Unlock()
-	err := s.ln.Close()
-	if cur != nil {
-		cur.Close()
-	}
-	<-s.done
-	if err != nil && !errors.Is(err, net.ErrClosed) {
-		return fmt.Errorf("vhostuser: close listener: %w", err)
-	}
-	return nil
-}
-
-// countSummary lists the requests handled so far (diagnostics).
-func (s *Server) countSummary() string {
-	var b []byte
-	for i := range s.counts {
-		if n := s.counts[i].Load(); n > 0 {
-			b = fmt.Appendf(b, "%v=%d ", request(i), n)
-		}
-	}
-	return string(b)
-}
+// Disconnect implements vu.Device: virtio-blk keeps no per-connection state.
+func (d *blkDevice) Disconnect() {}

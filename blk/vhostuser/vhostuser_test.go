@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -15,7 +16,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kata-fsx/kata-fsx/blk/overlay"
-	"github.com/kata-fsx/kata-fsx/blk/virtq/testdriver"
+	vu "github.com/kata-fsx/kata-fsx/vhostuser"
+	"github.com/kata-fsx/kata-fsx/vhostuser/vhostusertest"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq/testdriver"
 )
 
 const testSerial = "kata-fsx-test-disk"
@@ -70,11 +73,11 @@ func newEnv(t testing.TB, size int, readOnly bool, opts Options) *testEnv {
 }
 
 // connect dials, negotiates, shares memory and starts queue 0.
-func (e *testEnv) connect(t testing.TB, clearFeat uint64) (*testFrontend, *testQueue) {
-	f := dialFrontend(t, e.sock)
-	f.negotiate(clearFeat)
-	f.setupMemory()
-	return f, f.startQueue(0, 128)
+func (e *testEnv) connect(t testing.TB, clearFeat uint64) (*vhostusertest.Frontend, *testQueue) {
+	f := vhostusertest.Dial(t, e.sock)
+	f.Negotiate(clearFeat)
+	f.SetupMemory()
+	return f, startQueue(t, f, 0, 128)
 }
 
 func TestBlockRequests(t *testing.T) {
@@ -86,7 +89,7 @@ func TestBlockRequests(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			env := newEnv(t, 4<<20, false, Options{})
 			_, q := env.connect(t, 0)
-			q.indirect = indirect
+			q.Indirect = indirect
 
 			// Read of untouched disk returns the base.
 			st, in, n := q.blkReq(blkTypeIn, 16, nil, 8192)
@@ -162,7 +165,7 @@ func TestSegmentedWrites(t *testing.T) {
 			t.Run(fmt.Sprintf("indirect=%t/shared-header=%t", indirect, share), func(t *testing.T) {
 				env := newEnv(t, 4<<20, false, Options{})
 				_, q := env.connect(t, 0)
-				q.indirect = indirect
+				q.Indirect = indirect
 				want := bytes.Clone(env.base[:1<<20])
 				cases := []struct {
 					sector uint64
@@ -188,8 +191,8 @@ func TestSegmentedWrites(t *testing.T) {
 						off += n
 					}
 					p := q.prepareWrite(c.sector, segs, share)
-					q.kickIt()
-					if id, n := q.waitUsed(); id != uint32(p.head) || n != 1 {
+					q.Kick()
+					if id, n := q.WaitUsed(); id != uint32(p.head) || n != 1 {
 						t.Fatalf("case %d: used id %d len %d, want head %d len 1", i, id, n, p.head)
 					}
 					if st, _ := q.result(p); st != blkStatusOK {
@@ -255,8 +258,8 @@ func TestSegmentedReads(t *testing.T) {
 				} {
 					hdr := make([]byte, 16)
 					binary.LittleEndian.PutUint32(hdr[0:], blkTypeIn)
-					ha := q.alloc(16, 16)
-					q.drv.Write(ha, hdr)
+					ha := q.Alloc(16, 16)
+					q.Drv.Write(ha, hdr)
 					bufs := []testdriver.Buf{{Addr: ha, Len: 16}}
 					var addrs []uint64
 					total := 0
@@ -268,24 +271,24 @@ func TestSegmentedReads(t *testing.T) {
 						if l == 0 {
 							continue
 						}
-						a := q.alloc(uint64(l), 8)
-						q.drv.Write(a, bytes.Repeat([]byte{0xEE}, l))
+						a := q.Alloc(uint64(l), 8)
+						q.Drv.Write(a, bytes.Repeat([]byte{0xEE}, l))
 						bufs = append(bufs, testdriver.Buf{Addr: a, Len: uint32(l), Write: true})
 						addrs = append(addrs, a)
 						total += n
 					}
 					sa := addrs[len(addrs)-1] + uint64(sizes[len(sizes)-1])
 					if !shareStatus {
-						sa = q.alloc(1, 1)
+						sa = q.Alloc(1, 1)
 						bufs = append(bufs, testdriver.Buf{Addr: sa, Len: 1, Write: true})
 					}
-					q.drv.Write(sa, []byte{0xFF})
-					head := q.publish(bufs)
-					q.kickIt()
-					if id, n := q.waitUsed(); id != uint32(head) || n != uint32(total+1) {
+					q.Drv.Write(sa, []byte{0xFF})
+					head := q.Publish(bufs)
+					q.Kick()
+					if id, n := q.WaitUsed(); id != uint32(head) || n != uint32(total+1) {
 						t.Fatalf("case %d: used id %d len %d, want head %d len %d", i, id, n, head, total+1)
 					}
-					if st := q.drv.Read(sa, 1)[0]; st != blkStatusOK {
+					if st := q.Drv.Read(sa, 1)[0]; st != blkStatusOK {
 						t.Fatalf("case %d: status %d", i, st)
 					}
 					var got []byte
@@ -294,7 +297,7 @@ func TestSegmentedReads(t *testing.T) {
 						if n == 0 {
 							continue
 						}
-						got = append(got, q.drv.Read(addrs[k], n)...)
+						got = append(got, q.Drv.Read(addrs[k], n)...)
 						k++
 					}
 					if !bytes.Equal(got, want[:total]) {
@@ -340,15 +343,15 @@ func TestSlowRequestDoesNotHoldOthers(t *testing.T) {
 	env = &testEnv{srv: srv, dev: env.dev, base: env.base, sock: sock}
 	_, q := env.connect(t, 0)
 	flush := q.prepare(blkTypeFlush, 0, nil, 0)
-	q.kickIt()
+	q.Kick()
 	select {
 	case <-dev.entered:
 	case <-time.After(10 * time.Second):
 		t.Fatal("flush never reached the device")
 	}
 	read := q.prepare(blkTypeIn, 8, nil, 4096)
-	q.kickIt()
-	if id, _ := q.waitUsed(); id != uint32(read.head) {
+	q.Kick()
+	if id, _ := q.WaitUsed(); id != uint32(read.head) {
 		t.Fatalf("first completion is head %d, want the read (%d) while the flush (%d) runs", id, read.head, flush.head)
 	}
 	if st, in := q.result(read); st != blkStatusOK || !bytes.Equal(in, env.base[8*512:8*512+4096]) {
@@ -356,7 +359,7 @@ func TestSlowRequestDoesNotHoldOthers(t *testing.T) {
 	}
 	close(dev.release)
 	released = true
-	if id, _ := q.waitUsed(); id != uint32(flush.head) {
+	if id, _ := q.WaitUsed(); id != uint32(flush.head) {
 		t.Fatalf("second completion is head %d, want the flush (%d)", id, flush.head)
 	}
 	if st, _ := q.result(flush); st != blkStatusOK {
@@ -403,12 +406,12 @@ func TestMalformedRequests(t *testing.T) {
 	check("write zeroes past the end", st, blkStatusIOErr)
 
 	// Header too short: 8 readable bytes, then status.
-	ha := q.alloc(8, 8)
-	sa := q.alloc(1, 1)
-	q.drv.Write(sa, []byte{0xff})
-	p := pendingReq{head: q.publish([]testdriver.Buf{{Addr: ha, Len: 8}, {Addr: sa, Len: 1, Write: true}}), statusAddr: sa}
-	q.kickIt()
-	if _, n := q.waitUsed(); n != 1 {
+	ha := q.Alloc(8, 8)
+	sa := q.Alloc(1, 1)
+	q.Drv.Write(sa, []byte{0xff})
+	p := pendingReq{head: q.Publish([]testdriver.Buf{{Addr: ha, Len: 8}, {Addr: sa, Len: 1, Write: true}}), statusAddr: sa}
+	q.Kick()
+	if _, n := q.WaitUsed(); n != 1 {
 		t.Errorf("short header: used %d", n)
 	}
 	st, _ = q.result(p)
@@ -416,39 +419,39 @@ func TestMalformedRequests(t *testing.T) {
 
 	// Too many segments: 6 data descriptors with seg_max 4.
 	hdr := make([]byte, 16)
-	ha = q.alloc(16, 16)
-	q.drv.Write(ha, hdr)
+	ha = q.Alloc(16, 16)
+	q.Drv.Write(ha, hdr)
 	bufs := []testdriver.Buf{{Addr: ha, Len: 16}}
 	for range 6 {
-		bufs = append(bufs, testdriver.Buf{Addr: q.alloc(512, 512), Len: 512, Write: true})
+		bufs = append(bufs, testdriver.Buf{Addr: q.Alloc(512, 512), Len: 512, Write: true})
 	}
-	sa = q.alloc(1, 1)
+	sa = q.Alloc(1, 1)
 	bufs = append(bufs, testdriver.Buf{Addr: sa, Len: 1, Write: true})
-	p = pendingReq{head: q.publish(bufs), statusAddr: sa}
-	q.kickIt()
-	q.waitUsed()
+	p = pendingReq{head: q.Publish(bufs), statusAddr: sa}
+	q.Kick()
+	q.WaitUsed()
 	st, _ = q.result(p)
 	check("too many segments", st, blkStatusIOErr)
 
 	// No status byte: nothing writable; returned with used length 0.
-	q.publish([]testdriver.Buf{{Addr: ha, Len: 16}})
-	q.kickIt()
-	if _, n := q.waitUsed(); n != 0 {
+	q.Publish([]testdriver.Buf{{Addr: ha, Len: 16}})
+	q.Kick()
+	if _, n := q.WaitUsed(); n != 0 {
 		t.Errorf("no status byte: used %d", n)
 	}
 
 	// Descriptor outside guest memory: returned with length 0, queue still works.
-	q.publish([]testdriver.Buf{{Addr: ha, Len: 16}, {Addr: 0x7000000000, Len: 512, Write: true}, {Addr: sa, Len: 1, Write: true}})
-	q.kickIt()
-	if _, n := q.waitUsed(); n != 0 {
+	q.Publish([]testdriver.Buf{{Addr: ha, Len: 16}, {Addr: 0x7000000000, Len: 512, Write: true}, {Addr: sa, Len: 1, Write: true}})
+	q.Kick()
+	if _, n := q.WaitUsed(); n != 0 {
 		t.Errorf("out-of-range descriptor: used %d", n)
 	}
 	// Looping chain.
-	q.drv.SetDesc(q.drv.DescAddr, 100, ha, 16, 1, 101)
-	q.drv.SetDesc(q.drv.DescAddr, 101, ha, 16, 1, 100)
-	q.drv.Publish(100)
-	q.kickIt()
-	if id, n := q.waitUsed(); id != 100 || n != 0 {
+	q.Drv.SetDesc(q.Drv.DescAddr, 100, ha, 16, 1, 101)
+	q.Drv.SetDesc(q.Drv.DescAddr, 101, ha, 16, 1, 100)
+	q.Drv.Publish(100)
+	q.Kick()
+	if id, n := q.WaitUsed(); id != 100 || n != 0 {
 		t.Errorf("looping chain: used %d/%d", id, n)
 	}
 	if st, _, _ := q.blkReq(blkTypeFlush, 0, nil, 0); st != blkStatusOK {
@@ -456,29 +459,29 @@ func TestMalformedRequests(t *testing.T) {
 	}
 
 	// A head index out of range breaks the queue and signals the err eventfd.
-	q.drv.Publish(1000)
-	q.kickIt()
-	fds := []unix.PollFd{{Fd: int32(q.errFd), Events: unix.POLLIN}}
+	q.Drv.Publish(1000)
+	q.Kick()
+	fds := []unix.PollFd{{Fd: int32(q.ErrFd), Events: unix.POLLIN}}
 	if n, err := unix.Poll(fds, int(feWait/time.Millisecond)); n != 1 || err != nil {
 		t.Fatalf("err eventfd not signalled: %d %v", n, err)
 	}
 	// GET_VRING_BASE still answers and reports how far the queue got (the
 	// corrupt entry is not consumed).
-	b := q.f.get(reqGetVringBase, state(0, 0))
-	if idx, base := binary.LittleEndian.Uint32(b), binary.LittleEndian.Uint32(b[4:]); idx != 0 || base != uint32(q.drv.UsedIdx()) {
-		t.Errorf("GET_VRING_BASE = %d/%d, used idx %d", idx, base, q.drv.UsedIdx())
+	b := q.F.Get(vu.ReqGetVringBase, vhostusertest.State(0, 0))
+	if idx, base := binary.LittleEndian.Uint32(b), binary.LittleEndian.Uint32(b[4:]); idx != 0 || base != uint32(q.Drv.UsedIdx()) {
+		t.Errorf("GET_VRING_BASE = %d/%d, used idx %d", idx, base, q.Drv.UsedIdx())
 	}
 }
 
 func TestEventIdx(t *testing.T) {
 	env := newEnv(t, 1<<20, false, Options{})
 	f, q := env.connect(t, 0)
-	if f.feat&(1<<featEventIdx) == 0 {
+	if f.Feat&(1<<vu.FeatEventIdx) == 0 {
 		t.Fatal("EVENT_IDX not negotiated")
 	}
 	readCall := func() uint64 {
 		var b [8]byte
-		if n, err := unix.Read(q.call, b[:]); n != 8 || err != nil {
+		if n, err := unix.Read(q.CallFd, b[:]); n != 8 || err != nil {
 			return 0
 		}
 		return binary.LittleEndian.Uint64(b[:])
@@ -488,17 +491,17 @@ func TestEventIdx(t *testing.T) {
 	readCall()
 	// The worker publishes avail_event when it re-enables notifications,
 	// just after the used element: wait for it.
-	eventually(t, "avail_event 1 after one request", func() bool { return q.drv.AvailEvent() == 1 })
+	eventually(t, "avail_event 1 after one request", func() bool { return q.Drv.AvailEvent() == 1 })
 	// used_event 2: completing the 2nd request (used idx -> 2) must not interrupt...
-	q.drv.SetUsedEvent(2)
+	q.Drv.SetUsedEvent(2)
 	p := q.prepare(blkTypeFlush, 0, nil, 0)
-	q.kickIt()
-	eventually(t, "second request completed", func() bool { return q.drv.UsedIdx() == 2 })
+	q.Kick()
+	eventually(t, "second request completed", func() bool { return q.Drv.UsedIdx() == 2 })
 	q.waitUsedNoPoll(t, p.head)
 	// ...the 3rd (used idx -> 3, passing used_event) must.
 	p = q.prepare(blkTypeFlush, 0, nil, 0)
-	q.kickIt()
-	fds := []unix.PollFd{{Fd: int32(q.call), Events: unix.POLLIN}}
+	q.Kick()
+	fds := []unix.PollFd{{Fd: int32(q.CallFd), Events: unix.POLLIN}}
 	if n, err := unix.Poll(fds, int(feWait/time.Millisecond)); n != 1 || err != nil {
 		t.Fatalf("no interrupt after passing used_event: %d %v", n, err)
 	}
@@ -506,7 +509,7 @@ func TestEventIdx(t *testing.T) {
 		t.Fatalf("call eventfd counted %d interrupts for two completions, want 1 (the 2nd must be suppressed)", c)
 	}
 	q.waitUsedNoPoll(t, p.head)
-	eventually(t, "avail_event 3 after three requests", func() bool { return q.drv.AvailEvent() == 3 })
+	eventually(t, "avail_event 3 after three requests", func() bool { return q.Drv.AvailEvent() == 3 })
 }
 
 // eventually waits (bounded by feWait) for a condition the device makes
@@ -525,7 +528,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // waitUsedNoPoll consumes the next used element, which must already be there.
 func (q *testQueue) waitUsedNoPoll(t *testing.T, head uint16) {
 	t.Helper()
-	id, _, ok := q.drv.Used()
+	id, _, ok := q.Drv.Used()
 	if !ok || id != uint32(head) {
 		t.Fatalf("used element %d %v, want head %d", id, ok, head)
 	}
@@ -533,13 +536,13 @@ func (q *testQueue) waitUsedNoPoll(t *testing.T, head uint16) {
 
 func TestMultiQueue(t *testing.T) {
 	env := newEnv(t, 4<<20, false, Options{NumQueues: 2})
-	f := dialFrontend(t, env.sock)
-	f.negotiate(0)
-	if n := binary.LittleEndian.Uint64(f.get(reqGetQueueNum, nil)); n != 2 {
+	f := vhostusertest.Dial(t, env.sock)
+	f.Negotiate(0)
+	if n := binary.LittleEndian.Uint64(f.Get(vu.ReqGetQueueNum, nil)); n != 2 {
 		t.Fatalf("GET_QUEUE_NUM = %d", n)
 	}
-	f.setupMemory()
-	qs := []*testQueue{f.startQueue(0, 128), f.startQueue(1, 128)}
+	f.SetupMemory()
+	qs := []*testQueue{startQueue(t, f, 0, 128), startQueue(t, f, 1, 128)}
 	const rounds, batch = 8, 16
 	want := make(map[uint64][]byte)
 	for r := range rounds {
@@ -552,11 +555,11 @@ func TestMultiQueue(t *testing.T) {
 				pend[i] = append(pend[i], q.prepare(blkTypeOut, sector, data, 0))
 			}
 		}
-		qs[0].kickIt()
-		qs[1].kickIt()
+		qs[0].Kick()
+		qs[1].Kick()
 		for i, q := range qs {
 			for range pend[i] {
-				q.waitUsed()
+				q.WaitUsed()
 			}
 			for _, p := range pend[i] {
 				if st, _ := q.result(p); st != blkStatusOK {
@@ -576,11 +579,11 @@ func TestMultiQueue(t *testing.T) {
 			pend[i] = append(pend[i], q.prepare(blkTypeIn, s, nil, 4096))
 		}
 	}
-	qs[0].kickIt()
-	qs[1].kickIt()
+	qs[0].Kick()
+	qs[1].Kick()
 	for i, q := range qs {
 		for range pend[i] {
-			q.waitUsed()
+			q.WaitUsed()
 		}
 		for k, p := range pend[i] {
 			st, in := q.result(p)
@@ -597,15 +600,15 @@ func TestMultiQueue(t *testing.T) {
 
 func TestConfigAndQueries(t *testing.T) {
 	env := newEnv(t, 8<<20, false, Options{NumQueues: 3, SegMax: 60})
-	f := dialFrontend(t, env.sock)
-	f.negotiate(0)
+	f := vhostusertest.Dial(t, env.sock)
+	f.Negotiate(0)
 	cfgReq := func(off, size uint32) []byte {
 		b := binary.LittleEndian.AppendUint32(nil, off)
 		b = binary.LittleEndian.AppendUint32(b, size)
 		b = binary.LittleEndian.AppendUint32(b, 0)
 		return append(b, make([]byte, size)...)
 	}
-	p := f.get(reqGetConfig, cfgReq(0, 60))
+	p := f.Get(vu.ReqGetConfig, cfgReq(0, 60))
 	if len(p) != 72 || binary.LittleEndian.Uint32(p[4:]) != 60 {
 		t.Fatalf("GET_CONFIG reply of %d bytes", len(p))
 	}
@@ -627,24 +630,24 @@ func TestConfigAndQueries(t *testing.T) {
 		t.Errorf("discard/write-zeroes fields %x", c[36:60])
 	}
 	// A window in the middle.
-	p = f.get(reqGetConfig, cfgReq(12, 4))
+	p = f.Get(vu.ReqGetConfig, cfgReq(12, 4))
 	if len(p) != 16 || le.Uint32(p[12:]) != 60 {
 		t.Errorf("windowed GET_CONFIG = %x", p)
 	}
-	if n := le.Uint64(f.get(reqGetQueueNum, nil)); n != 3 {
+	if n := le.Uint64(f.Get(vu.ReqGetQueueNum, nil)); n != 3 {
 		t.Errorf("GET_QUEUE_NUM = %d", n)
 	}
 	// SET_CONFIG is refused with a nack; the connection survives.
-	if v := f.set(reqSetConfig, cfgReq(32, 1)); v == 0 {
+	if v := f.Set(vu.ReqSetConfig, cfgReq(32, 1)); v == 0 {
 		t.Error("SET_CONFIG acked")
 	}
 	// RESET_OWNER is ignored.
-	f.mustSet(reqResetOwner, nil)
-	if f.get(reqGetFeatures, nil) == nil {
+	f.MustSet(vu.ReqResetOwner, nil)
+	if f.Get(vu.ReqGetFeatures, nil) == nil {
 		t.Fatal("connection lost")
 	}
-	feat := le.Uint64(f.get(reqGetFeatures, nil))
-	for _, b := range []int{featVersion1, featIndirectDesc, featEventIdx, featProtocol, featBlkSegMax, featBlkBlkSize, featBlkFlush, featBlkMQ, featBlkDiscard, featBlkWriteZeroes} {
+	feat := le.Uint64(f.Get(vu.ReqGetFeatures, nil))
+	for _, b := range []int{vu.FeatVersion1, vu.FeatIndirectDesc, vu.FeatEventIdx, vu.FeatProtocolFeatures, featBlkSegMax, featBlkBlkSize, featBlkFlush, featBlkMQ, featBlkDiscard, featBlkWriteZeroes} {
 		if feat&(1<<b) == 0 {
 			t.Errorf("feature bit %d not offered", b)
 		}
@@ -656,13 +659,13 @@ func TestConfigAndQueries(t *testing.T) {
 
 func TestReadOnly(t *testing.T) {
 	env := newEnv(t, 1<<20, true, Options{})
-	f := dialFrontend(t, env.sock)
-	feat := f.negotiate(0)
+	f := vhostusertest.Dial(t, env.sock)
+	feat := f.Negotiate(0)
 	if feat&(1<<featBlkRO) == 0 || feat&(1<<featBlkDiscard) != 0 || feat&(1<<featBlkWriteZeroes) != 0 {
 		t.Fatalf("read-only features %#x", feat)
 	}
-	f.setupMemory()
-	q := f.startQueue(0, 64)
+	f.SetupMemory()
+	q := startQueue(t, f, 0, 64)
 	if st, _, _ := q.blkReq(blkTypeOut, 0, make([]byte, 512), 0); st != blkStatusIOErr {
 		t.Errorf("write on read-only: %d", st)
 	}
@@ -688,12 +691,12 @@ func TestReconnectAndVringBase(t *testing.T) {
 		t.Fatal(st)
 	}
 	// Stop and restart the ring: GET_VRING_BASE reports the consumed index.
-	b := f.get(reqGetVringBase, state(0, 0))
+	b := f.Get(vu.ReqGetVringBase, vhostusertest.State(0, 0))
 	if base := binary.LittleEndian.Uint32(b[4:]); base != 1 {
 		t.Fatalf("GET_VRING_BASE = %d, want 1", base)
 	}
-	f.mustSet(reqSetVringBase, state(0, 1))
-	f.mustSet(reqSetVringKick, le64b(0), q.kick)
+	f.MustSet(vu.ReqSetVringBase, vhostusertest.State(0, 1))
+	f.MustSet(vu.ReqSetVringKick, vhostusertest.Le64(0), q.KickFd)
 	if st, _, _ := q.blkReq(blkTypeFlush, 0, nil, 0); st != blkStatusOK {
 		t.Fatal("restarted queue does not work")
 	}
@@ -702,8 +705,8 @@ func TestReconnectAndVringBase(t *testing.T) {
 	for i := range 4 {
 		q.prepare(blkTypeOut, uint64(100+8*i), data[:4096], 0)
 	}
-	q.kickIt()
-	f.close()
+	q.Kick()
+	f.Close()
 	if _, err := env.srv.WaitStats(ctxT(t), func(s Stats) bool { return s.Disconnects >= 1 }); err != nil {
 		t.Fatal(err)
 	}
@@ -735,12 +738,12 @@ func openFds(t *testing.T) int {
 
 func TestMalformedMessages(t *testing.T) {
 	env := newEnv(t, 1<<20, false, Options{})
-	hdr := func(req request, flags, size uint32) []byte {
-		b := make([]byte, headerSize)
-		encodeHeader(b, header{req: req, flags: flags, size: size})
+	hdr := func(req vu.Request, flags, size uint32) []byte {
+		b := make([]byte, vu.HeaderSize)
+		vu.EncodeHeader(b, vu.Header{Req: req, Flags: flags, Size: size})
 		return b
 	}
-	msg := func(req request, flags uint32, payload []byte) []byte {
+	msg := func(req vu.Request, flags uint32, payload []byte) []byte {
 		return append(hdr(req, flags, uint32(len(payload))), payload...)
 	}
 	efd := func() int {
@@ -767,60 +770,60 @@ func TestMalformedMessages(t *testing.T) {
 		nfds      int
 		closeW    bool
 	}{
-		{name: "bad version", raw: msg(reqGetFeatures, 2, nil)},
-		{name: "reply flag", raw: msg(reqGetFeatures, flagVersion|flagReply, nil)},
-		{name: "reserved flags", raw: msg(reqGetFeatures, flagVersion|0x100, nil)},
-		{name: "unknown request", raw: msg(99, flagVersion, nil)},
-		{name: "request zero", raw: msg(0, flagVersion, nil)},
-		{name: "huge request number", raw: msg(0xffffffff, flagVersion, nil)},
-		{name: "size above 0x1000", raw: hdr(reqSetFeatures, flagVersion, 0x1001)},
-		{name: "bad size", raw: msg(reqSetFeatures, flagVersion, make([]byte, 4))},
-		{name: "payload on GET_FEATURES", raw: msg(reqGetFeatures, flagVersion, make([]byte, 8))},
-		{name: "truncated payload", raw: append(hdr(reqSetFeatures, flagVersion, 8), 1, 2, 3, 4), closeW: true},
+		{name: "bad version", raw: msg(vu.ReqGetFeatures, 2, nil)},
+		{name: "reply flag", raw: msg(vu.ReqGetFeatures, vu.FlagVersion|vu.FlagReply, nil)},
+		{name: "reserved flags", raw: msg(vu.ReqGetFeatures, vu.FlagVersion|0x100, nil)},
+		{name: "unknown request", raw: msg(99, vu.FlagVersion, nil)},
+		{name: "request zero", raw: msg(0, vu.FlagVersion, nil)},
+		{name: "huge request number", raw: msg(0xffffffff, vu.FlagVersion, nil)},
+		{name: "size above 0x1000", raw: hdr(vu.ReqSetFeatures, vu.FlagVersion, 0x1001)},
+		{name: "bad size", raw: msg(vu.ReqSetFeatures, vu.FlagVersion, make([]byte, 4))},
+		{name: "payload on GET_FEATURES", raw: msg(vu.ReqGetFeatures, vu.FlagVersion, make([]byte, 8))},
+		{name: "truncated payload", raw: append(hdr(vu.ReqSetFeatures, vu.FlagVersion, 8), 1, 2, 3, 4), closeW: true},
 		{name: "truncated header", raw: []byte{1, 0, 0}, closeW: true},
-		{name: "fd on GET_FEATURES", raw: msg(reqGetFeatures, flagVersion, nil), nfds: 1},
-		{name: "kick without fd", raw: msg(reqSetVringKick, flagVersion, le64b(0))},
-		{name: "kick polling mode", raw: msg(reqSetVringKick, flagVersion, le64b(vringNoFd))},
-		{name: "call no-fd bit with fd", raw: msg(reqSetVringCall, flagVersion, le64b(vringNoFd)), nfds: 1},
-		{name: "call reserved bits", raw: msg(reqSetVringCall, flagVersion, le64b(1<<20)), nfds: 1},
-		{name: "mem table fd count", raw: msg(reqSetMemTable, flagVersion, memTable(2)), nfds: 1},
-		{name: "mem table zero regions", raw: msg(reqSetMemTable, flagVersion, append(memTable(0), make([]byte, 32)...))},
-		{name: "mem table size mismatch", raw: msg(reqSetMemTable, flagVersion, append(memTable(1), make([]byte, 32)...)), nfds: 1},
-		{name: "too many fds", raw: msg(reqSetMemTable, flagVersion, memTable(8)), nfds: 9},
-		{name: "mem table fd not mappable", raw: msg(reqSetMemTable, flagVersion, memTable(1)), nfds: 1},
-		{name: "queue num before MQ", raw: msg(reqGetQueueNum, flagVersion, nil)},
-		{name: "config before CONFIG", raw: msg(reqGetConfig, flagVersion, make([]byte, 12+4))},
-		{name: "config window overflow", negotiate: true, raw: msg(reqGetConfig, flagVersion, append([]byte{0xfc, 0xff, 0xff, 0xff, 8, 0, 0, 0, 0, 0, 0, 0}, make([]byte, 8)...))},
-		{name: "config declared size mismatch", negotiate: true, raw: msg(reqGetConfig, flagVersion, append([]byte{0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0}, make([]byte, 4)...))},
-		{name: "unoffered features", raw: msg(reqSetFeatures, flagVersion, le64b(1<<63))},
-		{name: "unoffered protocol features", raw: msg(reqSetProtocolFeatures, flagVersion, le64b(1<<5))},
-		{name: "queue index out of range", raw: msg(reqSetVringNum, flagVersion, state(200, 128))},
-		{name: "queue size not power of two", raw: msg(reqSetVringNum, flagVersion, state(0, 100))},
-		{name: "queue size too large", raw: msg(reqSetVringNum, flagVersion, state(0, 65536))},
-		{name: "enable value", raw: msg(reqSetVringEnable, flagVersion, state(0, 2))},
+		{name: "fd on GET_FEATURES", raw: msg(vu.ReqGetFeatures, vu.FlagVersion, nil), nfds: 1},
+		{name: "kick without fd", raw: msg(vu.ReqSetVringKick, vu.FlagVersion, vhostusertest.Le64(0))},
+		{name: "kick polling mode", raw: msg(vu.ReqSetVringKick, vu.FlagVersion, vhostusertest.Le64(vu.VringNoFd))},
+		{name: "call no-fd bit with fd", raw: msg(vu.ReqSetVringCall, vu.FlagVersion, vhostusertest.Le64(vu.VringNoFd)), nfds: 1},
+		{name: "call reserved bits", raw: msg(vu.ReqSetVringCall, vu.FlagVersion, vhostusertest.Le64(1<<20)), nfds: 1},
+		{name: "mem table fd count", raw: msg(vu.ReqSetMemTable, vu.FlagVersion, memTable(2)), nfds: 1},
+		{name: "mem table zero regions", raw: msg(vu.ReqSetMemTable, vu.FlagVersion, append(memTable(0), make([]byte, 32)...))},
+		{name: "mem table size mismatch", raw: msg(vu.ReqSetMemTable, vu.FlagVersion, append(memTable(1), make([]byte, 32)...)), nfds: 1},
+		{name: "too many fds", raw: msg(vu.ReqSetMemTable, vu.FlagVersion, memTable(8)), nfds: 9},
+		{name: "mem table fd not mappable", raw: msg(vu.ReqSetMemTable, vu.FlagVersion, memTable(1)), nfds: 1},
+		{name: "queue num before MQ", raw: msg(vu.ReqGetQueueNum, vu.FlagVersion, nil)},
+		{name: "config before CONFIG", raw: msg(vu.ReqGetConfig, vu.FlagVersion, make([]byte, 12+4))},
+		{name: "config window overflow", negotiate: true, raw: msg(vu.ReqGetConfig, vu.FlagVersion, append([]byte{0xfc, 0xff, 0xff, 0xff, 8, 0, 0, 0, 0, 0, 0, 0}, make([]byte, 8)...))},
+		{name: "config declared size mismatch", negotiate: true, raw: msg(vu.ReqGetConfig, vu.FlagVersion, append([]byte{0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0}, make([]byte, 4)...))},
+		{name: "unoffered features", raw: msg(vu.ReqSetFeatures, vu.FlagVersion, vhostusertest.Le64(1<<63))},
+		{name: "unoffered protocol features", raw: msg(vu.ReqSetProtocolFeatures, vu.FlagVersion, vhostusertest.Le64(1<<5))},
+		{name: "queue index out of range", raw: msg(vu.ReqSetVringNum, vu.FlagVersion, vhostusertest.State(200, 128))},
+		{name: "queue size not power of two", raw: msg(vu.ReqSetVringNum, vu.FlagVersion, vhostusertest.State(0, 100))},
+		{name: "queue size too large", raw: msg(vu.ReqSetVringNum, vu.FlagVersion, vhostusertest.State(0, 65536))},
+		{name: "enable value", raw: msg(vu.ReqSetVringEnable, vu.FlagVersion, vhostusertest.State(0, 2))},
 	}
 	before := openFds(t)
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := dialFrontend(t, env.sock)
+			f := vhostusertest.Dial(t, env.sock)
 			if c.negotiate {
-				f.negotiate(0)
-				f.proto = 0 // send the bad message without asking for an ack
+				f.Negotiate(0)
+				f.Proto = 0 // send the bad message without asking for an ack
 			}
 			var fds []int
 			for range c.nfds {
 				fds = append(fds, efd())
 			}
-			if err := f.sendRaw(c.raw, fds...); err != nil {
+			if err := f.SendRaw(c.raw, fds...); err != nil {
 				t.Fatal(err)
 			}
 			for _, fd := range fds {
 				unix.Close(fd)
 			}
 			if c.closeW {
-				f.conn.CloseWrite()
+				f.Conn.CloseWrite()
 			}
-			f.expectClosed()
+			f.ExpectClosed()
 			st, err := env.srv.WaitStats(ctxT(t), func(s Stats) bool { return s.Disconnects >= uint64(i+1) })
 			if err != nil {
 				t.Fatal(err)
@@ -868,18 +871,19 @@ func TestSocketSetup(t *testing.T) {
 	// A stale socket is replaced; context cancellation closes the server and removes the socket.
 	ctx, cancel := context.WithCancel(context.Background())
 	stale := filepath.Join(dir, "stale.sock")
-	s1, err := Serve(ctx, stale, dev, Options{})
+	// A listener that leaves its socket behind, as a killed process does.
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s1.ln.SetUnlinkOnClose(false)
-	s1.Close()
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
 	s2, err := Serve(ctx, stale, dev, Options{})
 	if err != nil {
 		t.Fatalf("stale socket not replaced: %v", err)
 	}
 	cancel()
-	<-s2.done
+	<-s2.Done()
 	if _, err := os.Lstat(stale); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket left behind after close: %v", err)
 	}
@@ -887,50 +891,50 @@ func TestSocketSetup(t *testing.T) {
 
 func TestMemSlots(t *testing.T) {
 	env := newEnv(t, 1<<20, false, Options{})
-	f := dialFrontend(t, env.sock)
-	f.negotiateProto(0, 1<<protoMemSlots)
-	if n := binary.LittleEndian.Uint64(f.get(reqGetMaxMemSlots, nil)); n != maxMemSlots {
+	f := vhostusertest.Dial(t, env.sock)
+	f.NegotiateProto(0, 1<<vu.ProtoMemSlots)
+	if n := binary.LittleEndian.Uint64(f.Get(vu.ReqGetMaxMemSlots, nil)); n != vu.MaxMemSlots {
 		t.Fatalf("GET_MAX_MEM_SLOTS = %d", n)
 	}
-	enc := f.makeRegions()
+	enc := f.MakeRegions()
 	reg := func(i int) []byte { return append(make([]byte, 8), enc[i]...) }
-	f.mustSet(reqAddMemReg, reg(0), f.regions[0].fd)
-	f.mustSet(reqAddMemReg, reg(1), f.regions[1].fd)
-	q := f.startQueue(0, 64)
+	f.MustSet(vu.ReqAddMemReg, reg(0), f.Regions[0].FD)
+	f.MustSet(vu.ReqAddMemReg, reg(1), f.Regions[1].FD)
+	q := startQueue(t, f, 0, 64)
 	data := randomBytes(3, 8192)
 	if st, _, _ := q.blkReq(blkTypeOut, 0, data, 0); st != blkStatusOK {
 		t.Fatal("write after ADD_MEM_REG failed")
 	}
 
 	// Remove region 1 (QEMU attaches the fd; it must be closed, not kept).
-	f.mustSet(reqRemMemReg, reg(1), f.regions[1].fd)
+	f.MustSet(vu.ReqRemMemReg, reg(1), f.Regions[1].FD)
 	hdr := make([]byte, 16) // IN at sector 0
-	q.drv.Write(0x90000, hdr)
-	q.drv.Write(0x90100, []byte{0xff})
-	q.publish([]testdriver.Buf{{Addr: 0x90000, Len: 16}, {Addr: 0x110000, Len: 4096, Write: true}, {Addr: 0x90100, Len: 1, Write: true}})
-	q.kickIt()
-	if _, n := q.waitUsed(); n != 0 {
+	q.Drv.Write(0x90000, hdr)
+	q.Drv.Write(0x90100, []byte{0xff})
+	q.Publish([]testdriver.Buf{{Addr: 0x90000, Len: 16}, {Addr: 0x110000, Len: 4096, Write: true}, {Addr: 0x90100, Len: 1, Write: true}})
+	q.Kick()
+	if _, n := q.WaitUsed(); n != 0 {
 		t.Fatalf("buffer in a removed region: used %d", n)
 	}
-	q.publish([]testdriver.Buf{{Addr: 0x90000, Len: 16}, {Addr: 0xA0000, Len: 4096, Write: true}, {Addr: 0x90100, Len: 1, Write: true}})
-	q.kickIt()
-	if _, n := q.waitUsed(); n != 4097 || q.drv.Read(0x90100, 1)[0] != blkStatusOK || !bytes.Equal(q.drv.Read(0xA0000, 4096), data[:4096]) {
+	q.Publish([]testdriver.Buf{{Addr: 0x90000, Len: 16}, {Addr: 0xA0000, Len: 4096, Write: true}, {Addr: 0x90100, Len: 1, Write: true}})
+	q.Kick()
+	if _, n := q.WaitUsed(); n != 4097 || q.Drv.Read(0x90100, 1)[0] != blkStatusOK || !bytes.Equal(q.Drv.Read(0xA0000, 4096), data[:4096]) {
 		t.Fatalf("read into the remaining region: used %d", n)
 	}
 	// Removing an unknown region is refused; the connection survives.
-	if v := f.set(reqRemMemReg, reg(1)); v == 0 {
+	if v := f.Set(vu.ReqRemMemReg, reg(1)); v == 0 {
 		t.Fatal("REM_MEM_REG of an unknown region acked")
 	}
 	// Re-adding region 1 makes it usable again.
-	f.mustSet(reqAddMemReg, reg(1), f.regions[1].fd)
+	f.MustSet(vu.ReqAddMemReg, reg(1), f.Regions[1].FD)
 	if st, in, _ := q.blkReq(blkTypeIn, 0, nil, 8192); st != blkStatusOK || !bytes.Equal(in, data) {
 		t.Fatal("read after re-adding the region failed")
 	}
 	// An overlapping region is a protocol error: nacked, then the connection closes.
-	if v := f.set(reqAddMemReg, reg(1), f.regions[1].fd); v == 0 {
+	if v := f.Set(vu.ReqAddMemReg, reg(1), f.Regions[1].FD); v == 0 {
 		t.Fatal("overlapping ADD_MEM_REG acked")
 	}
-	f.expectClosed()
+	f.ExpectClosed()
 }
 
 // TestMemTableSwapWhileRunning re-sends SET_MEM_TABLE (as QEMU does on
@@ -945,19 +949,19 @@ func TestMemTableSwapWhileRunning(t *testing.T) {
 	}
 	payload := binary.LittleEndian.AppendUint32(nil, 2)
 	payload = binary.LittleEndian.AppendUint32(payload, 0)
-	for _, r := range f.regions {
-		for _, v := range []uint64{r.gpa, r.size, r.va, r.off} {
+	for _, r := range f.Regions {
+		for _, v := range []uint64{r.GPA, r.Size, r.VA, r.Off} {
 			payload = binary.LittleEndian.AppendUint64(payload, v)
 		}
 	}
 	for range 3 {
-		f.mustSet(reqSetMemTable, payload, f.regions[0].fd, f.regions[1].fd)
+		f.MustSet(vu.ReqSetMemTable, payload, f.Regions[0].FD, f.Regions[1].FD)
 		st, in, _ := q.blkReq(blkTypeIn, 8, nil, 4096)
 		if st != blkStatusOK || !bytes.Equal(in, data) {
 			t.Fatalf("read after memory table swap: %d", st)
 		}
 	}
-	b := f.get(reqGetVringBase, state(0, 0))
+	b := f.Get(vu.ReqGetVringBase, vhostusertest.State(0, 0))
 	if base := binary.LittleEndian.Uint32(b[4:]); base != 4 {
 		t.Fatalf("GET_VRING_BASE = %d after 4 requests", base)
 	}

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/kata-fsx/kata-fsx/blk/virtq/internal/ring"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq/internal/ring"
 )
 
 // Descriptor and ring flags (virtio 1.2 section 2.7).

@@ -9,45 +9,34 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kata-fsx/kata-fsx/blk/virtq"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq"
 )
 
 // session is one front-end connection. Only its goroutine reads the socket,
-// writes replies and changes session state; queue workers own their queues.
+// writes replies and changes session state; each started queue belongs to
+// its RunQueue goroutine.
 type session struct {
 	srv  *Server
 	conn *net.UnixConn
-	cfg  *blkConfig
 
-	offered    uint64
 	acked      uint64
 	ackedProto uint64
 	mem        *virtq.Memory
 	regions    []mappedRegion // parallel to mem's regions
 	vrings     []*vring
-	handlerBlk *blkHandler
-	headerBuf  [headerSize]byte
-	payloadBuf [maxPayload]byte
+	headerBuf  [HeaderSize]byte
+	payloadBuf [MaxPayload]byte
 	oobBuf     []byte
-	replyBuf   [headerSize + maxPayload]byte
+	replyBuf   [HeaderSize + MaxPayload]byte
 }
 
 func newSession(s *Server, c *net.UnixConn) *session {
 	sess := &session{
-		srv:        s,
-		conn:       c,
-		cfg:        &s.cfg,
-		oobBuf:     make([]byte, unix.CmsgSpace(4*maxFds)),
-		handlerBlk: &blkHandler{dev: s.dev, cfg: s.cfg},
+		srv:    s,
+		conn:   c,
+		oobBuf: make([]byte, unix.CmsgSpace(4*maxFds)),
 	}
-	sess.offered = 1<<featVersion1 | 1<<featIndirectDesc | 1<<featEventIdx | 1<<featProtocol |
-		1<<featBlkSegMax | 1<<featBlkBlkSize | 1<<featBlkFlush | 1<<featBlkMQ
-	if s.cfg.readOnly {
-		sess.offered |= 1 << featBlkRO
-	} else {
-		sess.offered |= 1<<featBlkDiscard | 1<<featBlkWriteZeroes
-	}
-	sess.vrings = make([]*vring, s.cfg.numQueues)
+	sess.vrings = make([]*vring, s.numQueues)
 	for i := range sess.vrings {
 		sess.vrings[i] = newVring(i, sess)
 	}
@@ -56,7 +45,7 @@ func newSession(s *Server, c *net.UnixConn) *session {
 
 // message is a gated request: header, payload view and the descriptors it carried.
 type message struct {
-	hdr     header
+	hdr     Header
 	spec    *reqSpec
 	payload []byte
 	fds     []int
@@ -122,21 +111,21 @@ func (s *session) readMessage() (*message, error) {
 		return fail(io.EOF)
 	}
 	if flags&unix.MSG_CTRUNC != 0 {
-		return fail(fmt.Errorf("%w: ancillary data truncated (more than %d descriptors?)", errProtocol, maxFds))
+		return fail(fmt.Errorf("%w: ancillary data truncated (more than %d descriptors?)", ErrProtocol, maxFds))
 	}
-	if n < headerSize {
+	if n < HeaderSize {
 		if _, err := io.ReadFull(s.conn, hb[n:]); err != nil {
-			return fail(fmt.Errorf("%w: truncated header: %w", errProtocol, err))
+			return fail(fmt.Errorf("%w: truncated header: %w", ErrProtocol, err))
 		}
 	}
-	h := decodeHeader(hb)
+	h := DecodeHeader(hb)
 	spec, err := checkHeader(h)
 	if err != nil {
 		return fail(err)
 	}
-	payload := s.payloadBuf[:h.size]
+	payload := s.payloadBuf[:h.Size]
 	if _, err := io.ReadFull(s.conn, payload); err != nil {
-		return fail(fmt.Errorf("%w: %s payload truncated: %w", errProtocol, spec.name, err))
+		return fail(fmt.Errorf("%w: %s payload truncated: %w", ErrProtocol, spec.name, err))
 	}
 	if err := checkMessage(spec, h, payload, len(fds), s.ackedProto); err != nil {
 		return fail(err)
@@ -149,20 +138,20 @@ func (s *session) readMessage() (*message, error) {
 func parseRights(oob []byte) ([]int, error) {
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
-		return nil, fmt.Errorf("%w: control message: %w", errProtocol, err)
+		return nil, fmt.Errorf("%w: control message: %w", ErrProtocol, err)
 	}
 	var fds []int
 	var bad error
 	for i := range msgs {
 		got, err := unix.ParseUnixRights(&msgs[i])
 		if err != nil {
-			bad = fmt.Errorf("%w: unexpected control message: %w", errProtocol, err)
+			bad = fmt.Errorf("%w: unexpected control message: %w", ErrProtocol, err)
 			continue
 		}
 		fds = append(fds, got...)
 	}
 	if bad == nil && len(fds) > maxFds {
-		bad = fmt.Errorf("%w: %d descriptors", errProtocol, len(fds))
+		bad = fmt.Errorf("%w: %d descriptors", ErrProtocol, len(fds))
 	}
 	return fds, bad
 }
@@ -171,9 +160,9 @@ func parseRights(oob []byte) ([]int, error) {
 // reported as a nack when the front-end asked for one; otherwise, since the
 // front-end would wrongly assume success, the connection is dropped.
 func (s *session) dispatch(m *message) error {
-	s.srv.counts[m.hdr.req].Add(1)
+	s.srv.counts[m.hdr.Req].Add(1)
 	reply, err := s.handle(m)
-	wantAck := s.ackedProto&(1<<protoReplyAck) != 0 && m.hdr.flags&flagNeedReply != 0
+	wantAck := s.ackedProto&(1<<ProtoReplyAck) != 0 && m.hdr.Flags&FlagNeedReply != 0
 	switch m.spec.reply {
 	case replyAck:
 		if !wantAck {
@@ -187,10 +176,10 @@ func (s *session) dispatch(m *message) error {
 			s.srv.opts.Logf("vhostuser: %s failed (nacked): %v", m.spec.name, err)
 			binary.LittleEndian.PutUint64(ack[:], 1)
 		}
-		if werr := s.reply(m.hdr.req, ack[:]); werr != nil {
+		if werr := s.reply(m.hdr.Req, ack[:]); werr != nil {
 			return werr
 		}
-		if errors.Is(err, errProtocol) {
+		if errors.Is(err, ErrProtocol) {
 			return err
 		}
 		return nil
@@ -198,14 +187,14 @@ func (s *session) dispatch(m *message) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", m.spec.name, err)
 		}
-		return s.reply(m.hdr.req, reply)
+		return s.reply(m.hdr.Req, reply)
 	}
 }
 
-func (s *session) reply(req request, payload []byte) error {
-	b := s.replyBuf[:headerSize+len(payload)]
-	encodeHeader(b, header{req: req, flags: flagVersion | flagReply, size: uint32(len(payload))})
-	copy(b[headerSize:], payload)
+func (s *session) reply(req Request, payload []byte) error {
+	b := s.replyBuf[:HeaderSize+len(payload)]
+	EncodeHeader(b, Header{Req: req, Flags: FlagVersion | FlagReply, Size: uint32(len(payload))})
+	copy(b[HeaderSize:], payload)
 	if _, err := s.conn.Write(b); err != nil {
 		return fmt.Errorf("write %v reply: %w", req, err)
 	}
@@ -220,89 +209,88 @@ func u64(v uint64) []byte {
 
 func (s *session) handle(m *message) ([]byte, error) {
 	p := m.payload
-	switch m.hdr.req {
-	case reqGetFeatures:
-		return u64(s.offered), nil
-	case reqSetFeatures:
+	switch m.hdr.Req {
+	case ReqGetFeatures:
+		return u64(s.srv.offered), nil
+	case ReqSetFeatures:
 		f := binary.LittleEndian.Uint64(p)
-		if f&^s.offered != 0 {
-			return nil, fmt.Errorf("%w: acked features %#x not offered", errProtocol, f&^s.offered)
+		if f&^s.srv.offered != 0 {
+			return nil, fmt.Errorf("%w: acked features %#x not offered", ErrProtocol, f&^s.srv.offered)
 		}
 		s.acked = f
-		if f&(1<<featProtocol) == 0 {
+		if f&(1<<FeatProtocolFeatures) == 0 {
 			// Without protocol features rings are enabled from the start.
 			for _, r := range s.vrings {
 				r.enabled = true
 			}
 		}
 		return nil, s.updateAll()
-	case reqGetProtocolFeatures:
-		return u64(offeredProtocolFeatures), nil
-	case reqSetProtocolFeatures:
+	case ReqGetProtocolFeatures:
+		return u64(OfferedProtocolFeatures), nil
+	case ReqSetProtocolFeatures:
 		f := binary.LittleEndian.Uint64(p)
-		if f&^offeredProtocolFeatures != 0 {
-			return nil, fmt.Errorf("%w: acked protocol features %#x not offered", errProtocol, f&^offeredProtocolFeatures)
+		if f&^OfferedProtocolFeatures != 0 {
+			return nil, fmt.Errorf("%w: acked protocol features %#x not offered", ErrProtocol, f&^OfferedProtocolFeatures)
 		}
 		s.ackedProto = f
 		return nil, nil
-	case reqSetOwner, reqResetOwner:
+	case ReqSetOwner, ReqResetOwner:
 		// One connection is one owner; RESET_OWNER is deprecated and ignored.
 		return nil, nil
-	case reqGetQueueNum:
+	case ReqGetQueueNum:
 		return u64(uint64(len(s.vrings))), nil
-	case reqSetMemTable:
+	case ReqSetMemTable:
 		return nil, s.setMemTable(m)
-	case reqGetMaxMemSlots:
-		return u64(maxMemSlots), nil
-	case reqAddMemReg:
+	case ReqGetMaxMemSlots:
+		return u64(MaxMemSlots), nil
+	case ReqAddMemReg:
 		return nil, s.addMemReg(m)
-	case reqRemMemReg:
+	case ReqRemMemReg:
 		return nil, s.remMemReg(m)
-	case reqSetVringNum, reqSetVringBase, reqSetVringEnable, reqGetVringBase:
+	case ReqSetVringNum, ReqSetVringBase, ReqSetVringEnable, ReqGetVringBase:
 		st := decodeState(p)
 		r, err := s.ring(st.index)
 		if err != nil {
 			return nil, err
 		}
-		return r.handleState(m.hdr.req, st)
-	case reqSetVringAddr:
+		return r.handleState(m.hdr.Req, st)
+	case ReqSetVringAddr:
 		a := decodeVringAddr(p)
 		r, err := s.ring(a.index)
 		if err != nil {
 			return nil, err
 		}
 		return nil, r.setAddr(a)
-	case reqSetVringKick, reqSetVringCall, reqSetVringErr:
+	case ReqSetVringKick, ReqSetVringCall, ReqSetVringErr:
 		v := binary.LittleEndian.Uint64(p)
-		if v&^(vringIdxMask|vringNoFd) != 0 {
-			return nil, fmt.Errorf("%w: reserved bits in %#x", errProtocol, v)
+		if v&^(vringIdxMask|VringNoFd) != 0 {
+			return nil, fmt.Errorf("%w: reserved bits in %#x", ErrProtocol, v)
 		}
 		r, err := s.ring(uint32(v & vringIdxMask))
 		if err != nil {
 			return nil, err
 		}
-		return nil, r.setFd(m.hdr.req, m.takeFd())
-	case reqGetConfig:
+		return nil, r.setFd(m.hdr.Req, m.takeFd())
+	case ReqGetConfig:
 		c, _ := decodeConfigHeader(p)
-		space := s.cfg.configSpace()
 		out := make([]byte, sizeConfigHead+c.size)
 		copy(out, p[:sizeConfigHead])
-		copy(out[sizeConfigHead:], space[c.offset:c.offset+c.size])
+		s.srv.dev.ReadConfig(c.offset, out[sizeConfigHead:])
 		return out, nil
-	case reqSetConfig:
+	case ReqSetConfig:
 		return nil, errors.New("configuration space is read-only")
 	}
-	return nil, fmt.Errorf("%w: no handler for %v", errProtocol, m.hdr.req)
+	return nil, fmt.Errorf("%w: no handler for %v", ErrProtocol, m.hdr.Req)
 }
 
 func (s *session) ring(i uint32) (*vring, error) {
 	if uint64(i) >= uint64(len(s.vrings)) {
-		return nil, fmt.Errorf("%w: queue index %d, device has %d", errProtocol, i, len(s.vrings))
+		return nil, fmt.Errorf("%w: queue index %d, device has %d", ErrProtocol, i, len(s.vrings))
 	}
 	return s.vrings[i], nil
 }
 
-// updateAll brings every ring's worker in line with its state.
+// updateAll starts or stops every ring to match its state.
 func (s *session) updateAll() error {
 	var first error
 	for _, r := range s.vrings {
@@ -337,10 +325,10 @@ func (s *session) install(list []mappedRegion) (installed bool, err error) {
 	}
 	mem, err := virtq.NewMemory(vr)
 	if err != nil {
-		return false, fmt.Errorf("%w: %w", errProtocol, err)
+		return false, fmt.Errorf("%w: %w", ErrProtocol, err)
 	}
 	for _, r := range s.vrings {
-		r.stopWorker()
+		r.stopQueue()
 	}
 	old := s.regions
 	s.mem, s.regions = mem, list
@@ -386,8 +374,8 @@ func (s *session) addMemReg(m *message) error {
 	if err != nil {
 		return err
 	}
-	if len(s.regions) >= maxMemSlots {
-		return fmt.Errorf("%w: more than %d memory regions", errProtocol, maxMemSlots)
+	if len(s.regions) >= MaxMemSlots {
+		return fmt.Errorf("%w: more than %d memory regions", ErrProtocol, MaxMemSlots)
 	}
 	data, err := mapRegion(m.fds[0], r)
 	if err != nil {
@@ -423,14 +411,14 @@ func (s *session) remMemReg(m *message) error {
 func mapRegion(fd int, r memRegion) ([]byte, error) {
 	total := r.mmapOffset + r.size // overflow checked when decoding
 	if total > 1<<46 {
-		return nil, fmt.Errorf("%w: region of %d bytes", errProtocol, total)
+		return nil, fmt.Errorf("%w: region of %d bytes", ErrProtocol, total)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("stat region fd: %w", err)
 	}
 	if st.Mode&unix.S_IFMT == unix.S_IFREG && uint64(st.Size) < total {
-		return nil, fmt.Errorf("%w: region needs %d bytes of a %d-byte file", errProtocol, total, st.Size)
+		return nil, fmt.Errorf("%w: region needs %d bytes of a %d-byte file", ErrProtocol, total, st.Size)
 	}
 	data, err := unix.Mmap(fd, 0, int(total), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
@@ -448,9 +436,10 @@ func unmapRegions(list []mappedRegion) {
 // teardown stops every queue, closes ring descriptors and unmaps guest memory.
 func (s *session) teardown() {
 	for _, r := range s.vrings {
-		r.stopWorker()
+		r.stopQueue()
 		r.closeFds()
 	}
+	s.srv.dev.Disconnect()
 	unmapRegions(s.regions)
 	s.regions, s.mem = nil, nil
 }

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"unsafe"
 
-	"github.com/kata-fsx/kata-fsx/blk/virtq"
-	"github.com/kata-fsx/kata-fsx/blk/virtq/testdriver"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq/testdriver"
 )
 
 // Fake guest memory: two adjacent regions (a buffer may cross them) and a

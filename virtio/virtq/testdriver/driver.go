@@ -7,8 +7,8 @@ package testdriver
 import (
 	"fmt"
 
-	"github.com/kata-fsx/kata-fsx/blk/virtq"
-	"github.com/kata-fsx/kata-fsx/blk/virtq/internal/ring"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq/internal/ring"
 )
 
 // Buf is one buffer of a chain the driver submits.
