@@ -1,6 +1,6 @@
 // Package agent is the host-side client of the Kata guest agent protocol
-// (ttrpc services grpc.AgentService and grpc.Health), spoken over vsock or a
-// virtio-serial port.
+// (ttrpc services grpc.AgentService and grpc.Health), spoken over vsock
+// (vhost-vsock), a hybrid vsock's unix socket, or a virtio-serial port.
 package agent
 
 import (

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -117,6 +120,104 @@ func (t SerialTransport) DialContext(ctx context.Context) (net.Conn, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// maxHybridReply bounds the handshake reply: "OK 4294967295\n" is 14
+// bytes, so a longer line is not a hybrid vsock speaking.
+const maxHybridReply = 32
+
+// HybridVsockTransport reaches the agent through a hybrid vsock: a unix
+// socket in front of the guest's vsock device (Kata's scheme for Cloud
+// Hypervisor and Firecracker, and kata-fsx's in-process vhost-user-vsock
+// device). After "CONNECT <port>\n" and the reply "OK <hostport>\n" the
+// unix connection is the guest stream.
+type HybridVsockTransport struct {
+	// Path is the hybrid vsock's unix socket.
+	Path string
+	// Port is the agent's vsock port; zero means DefaultVsockPort.
+	Port uint32
+}
+
+// String implements Transport.
+func (t HybridVsockTransport) String() string {
+	return fmt.Sprintf("hybrid-vsock:%s:%d", t.Path, t.port())
+}
+
+func (t HybridVsockTransport) port() uint32 {
+	if t.Port == 0 {
+		return DefaultVsockPort
+	}
+	return t.Port
+}
+
+// DialContext implements Transport: it connects and runs the handshake,
+// both bounded by ctx.
+func (t HybridVsockTransport) DialContext(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", t.Path)
+	if err != nil {
+		return nil, fmt.Errorf("hybrid vsock %s: %w", t.Path, err)
+	}
+	if err := t.handshake(ctx, c); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// handshake sends CONNECT and reads the reply one byte at a time: the
+// bytes after the newline are the guest's, and a buffered reader would
+// swallow them.
+func (t HybridVsockTransport) handshake(ctx context.Context, c net.Conn) error {
+	// The end of ctx (cancel or deadline) unblocks the write and the reads
+	// through a past deadline; ctx.Err is set by then, so the error is the
+	// context's rather than a bare i/o timeout.
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	reply, err := t.exchange(c)
+	if !stop() || ctx.Err() != nil {
+		return fmt.Errorf("hybrid vsock %s: CONNECT %d: %w (reply so far %q)", t.Path, t.port(), ctx.Err(), reply)
+	}
+	if err != nil {
+		return err
+	}
+	if err := c.SetDeadline(time.Time{}); err != nil {
+		return fmt.Errorf("hybrid vsock %s: %w", t.Path, err)
+	}
+	return nil
+}
+
+// exchange writes CONNECT and reads and checks the reply line; it returns
+// what was read, for errors.
+func (t HybridVsockTransport) exchange(c net.Conn) (string, error) {
+	if _, err := fmt.Fprintf(c, "CONNECT %d\n", t.port()); err != nil {
+		return "", fmt.Errorf("hybrid vsock %s: send CONNECT %d: %w", t.Path, t.port(), err)
+	}
+	var line []byte
+	b := make([]byte, 1)
+	for {
+		n, err := c.Read(b)
+		if n == 1 {
+			if b[0] == '\n' {
+				break
+			}
+			line = append(line, b[0])
+			if len(line) >= maxHybridReply {
+				return string(line), fmt.Errorf("hybrid vsock %s: CONNECT %d: reply line longer than %d bytes: %q", t.Path, t.port(), maxHybridReply, line)
+			}
+			continue
+		}
+		if errors.Is(err, io.EOF) {
+			return string(line), fmt.Errorf("hybrid vsock %s: CONNECT %d refused: the connection closed after %q (is the agent listening on vsock port %d?)", t.Path, t.port(), line, t.port())
+		}
+		if err != nil {
+			return string(line), fmt.Errorf("hybrid vsock %s: CONNECT %d: read reply after %q: %w", t.Path, t.port(), line, err)
+		}
+	}
+	rest, ok := strings.CutPrefix(string(line), "OK ")
+	if _, err := strconv.ParseUint(rest, 10, 32); !ok || err != nil {
+		return string(line), fmt.Errorf("hybrid vsock %s: CONNECT %d: want \"OK <port>\", got %q", t.Path, t.port(), line)
+	}
+	return string(line), nil
 }
 
 type vsockAddr string

@@ -96,7 +96,10 @@ func hostChecks(c *config.Config, h *host.Host) []checkLine {
 		dev("vhost-user-fs-pci", h.QEMU.VhostUserFS, c.NeedsVirtioFS(), "virtio-fs pods cannot run", "use a QEMU with virtio-fs")
 		dev("vhost-user-blk-pci", h.QEMU.VhostUserBlk, c.SharedFS() == config.SharedFSImagefsBlk || c.SharedFS() == config.SharedFSAuto, "imagefs-blk pods cannot run", "use a QEMU with vhost-user-blk")
 		dev("virtio-9p-pci", h.QEMU.Virtio9P, c.SharedFS() == config.SharedFS9P, "virtio-9p comparison runs cannot run", "use a QEMU with virtfs")
-		dev("vhost-vsock-pci", h.QEMU.VhostVsock, c.KataFSX.AgentTransport == config.TransportVsock, "the agent will use virtio-serial", "")
+		setting := c.KataFSX.AgentTransport
+		dev("vhost-vsock-pci", h.QEMU.VhostVsock, false, "the agent cannot use vhost-vsock", "")
+		dev("vhost-user-vsock-pci", h.QEMU.VhostUserVsock, setting == config.TransportHybridVsock, "the agent cannot use hybrid vsock", "use a QEMU with vhost-user-vsock-pci")
+		dev("virtio-serial-pci", h.QEMU.VirtioSerial, setting == config.TransportVirtioSerial, "the test agent's virtio-serial channel cannot be used", "use a QEMU with virtio-serial")
 		switch {
 		case h.QEMU.DAX:
 			add(pass, "virtio-fs DAX", "cache-size supported by this QEMU", "")
@@ -142,19 +145,28 @@ func hostChecks(c *config.Config, h *host.Host) []checkLine {
 		}
 		add(warn, "kvm", "not usable: "+h.AccelReason+"; guests run under TCG, much slower", fix)
 	}
-	if h.TransportErr != nil {
-		add(fail, "agent transport", fmt.Sprintf("%s (%s): the shim refuses every pod: %v", h.Transport, h.TransportReason, h.TransportErr), `set kata_fsx.agent_transport = "auto"`)
-	} else {
+	switch {
+	case h.TransportErr != nil:
+		// The error names the key and the fix.
+		add(fail, "agent transport", fmt.Sprintf("%s: the shim refuses every pod: %v", h.Transport, h.TransportErr), "")
+	case h.Transport == config.TransportVirtioSerial && c.KataFSX.AgentTransport == config.TransportAuto:
+		add(warn, "agent transport", fmt.Sprintf("%s (%s): Kata's agent cannot be reached, only kata-fsx's test agent", h.Transport, h.TransportReason),
+			"load vhost_vsock (modprobe vhost_vsock), or use a QEMU with vhost-user-vsock-pci")
+	default:
 		add(pass, "agent transport", fmt.Sprintf("%s (%s)", h.Transport, h.TransportReason), "")
 	}
-	if h.Vsock {
-		add(pass, "vhost-vsock", "/dev/vhost-vsock usable; kata-fsx does not use it yet", "")
-	} else {
-		add(pass, "vhost-vsock", "not usable: "+h.VsockReason+"; kata-fsx does not use it yet", "")
+	switch {
+	case h.Vsock:
+		add(pass, "vhost-vsock", "/dev/vhost-vsock usable", "")
+	case h.Transport == config.TransportHybridVsock:
+		add(pass, "vhost-vsock", "not usable: "+h.VsockReason+"; the agent uses hybrid vsock instead", "")
+	default:
+		add(pass, "vhost-vsock", "not usable: "+h.VsockReason, "")
 	}
+	sharesMemory := c.NeedsSharedMemory() || (h.TransportErr == nil && h.Transport == config.TransportHybridVsock)
 	if h.ShmErr != nil {
 		add(warn, "/dev/shm", h.ShmErr.Error(), "mount a tmpfs on /dev/shm")
-	} else if c.NeedsSharedMemory() && uint64(q.DefaultMemory) > h.ShmFreeMiB {
+	} else if sharesMemory && uint64(q.DefaultMemory) > h.ShmFreeMiB {
 		add(fail, "/dev/shm", fmt.Sprintf("%d MiB free, default_memory is %d MiB and vhost-user devices need guest RAM there", h.ShmFreeMiB, q.DefaultMemory), "grow /dev/shm or lower default_memory")
 	} else {
 		add(pass, "/dev/shm", fmt.Sprintf("%d MiB free for %d MiB of guest memory", h.ShmFreeMiB, q.DefaultMemory), "")

@@ -143,34 +143,82 @@ func TestCheckOnThisHost(t *testing.T) {
 			t.Errorf("check output lacks %q:\n%s", want, out)
 		}
 	}
-	// Without vsock wired, auto is virtio-serial on every host, and a
+	// auto is vhost-vsock where /dev/vhost-vsock opens, else hybrid vsock
+	// (this QEMU has vhost-user-vsock-pci); either way pods boot, so a
 	// missing /dev/vhost-vsock is no problem to fix.
-	if !strings.Contains(out, "PASS  agent transport        virtio-serial (auto: ") {
-		t.Errorf("auto transport is not virtio-serial:\n%s", out)
+	want := "PASS  agent transport        hybrid-vsock (auto: no vhost-vsock ("
+	if f, err := os.OpenFile("/dev/vhost-vsock", os.O_RDWR, 0); err == nil {
+		f.Close()
+		want = "PASS  agent transport        vsock (auto: vhost-vsock: "
+	}
+	if !strings.Contains(out, want) {
+		t.Errorf("check output lacks %q:\n%s", want, out)
 	}
 	if strings.Contains(out, "vhost_vsock") {
-		t.Errorf("check advises loading vhost_vsock, which kata-fsx does not use:\n%s", out)
+		t.Errorf("check advises loading vhost_vsock where pods boot without it:\n%s", out)
 	}
 }
 
-// TestCheckFailsOnVsockTransport: an explicit vsock transport is refused by
-// the shim for every pod, so check fails on it rather than passing.
-func TestCheckFailsOnVsockTransport(t *testing.T) {
-	cfg := writeConfig(t, "[hypervisor.qemu]\nshared_fs = \"virtio-9p\"\n[kata_fsx]\nagent_transport = \"vsock\"\naccelerator = \"tcg\"\n")
-	code, out, _ := run(t, "check", "--config", cfg)
-	if code == 0 || !strings.Contains(out, "FAIL  agent transport        vsock") || !strings.Contains(out, "refuses every pod") {
-		t.Fatalf("exit %d:\n%s", code, out)
+// fakeQEMU is a QEMU that answers the probe's help queries with only
+// the devices given.
+func fakeQEMU(t *testing.T, devices ...string) string {
+	t.Helper()
+	var list strings.Builder
+	for _, d := range devices {
+		list.WriteString("echo 'name \"" + d + "\", bus PCI'\n")
 	}
-	code, jsonOut, stderr := run(t, "env", "--json", "--config", cfg)
-	if code != 0 {
-		t.Fatalf("env: exit %d: %s", code, stderr)
-	}
-	var info EnvInfo
-	if err := json.Unmarshal([]byte(jsonOut), &info); err != nil {
+	p := filepath.Join(t.TempDir(), "qemu-system-x86_64")
+	script := "#!/bin/sh\ncase \"$*\" in\n*-version*) echo 'QEMU emulator version 7.2.0';;\n" +
+		"*'-device help'*)\n" + list.String() + ";;\n" +
+		"*'-machine help'*) echo 'Supported machines are:'; echo 'q35                  Standard PC (Q35 + ICH9, 2009) (alias of pc-q35-7.2)';;\nesac\n"
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if info.Agent.Transport != "vsock" || !strings.Contains(info.Agent.TransportError, "not wired") || !strings.Contains(stderr, "refuses every pod") {
-		t.Fatalf("env: %+v; stderr %s", info.Agent, stderr)
+	return p
+}
+
+// TestCheckTransportChoices: vsock on a host without /dev/vhost-vsock is
+// hybrid vsock, as Kata; an explicit transport the host cannot give is a
+// failure of check, and env reports the shim's refusal, naming the key
+// and the fix.
+func TestCheckTransportChoices(t *testing.T) {
+	if _, err := os.Stat("/dev/vhost-vsock"); err == nil {
+		t.Skip("this host has /dev/vhost-vsock")
+	}
+	q := fakeQEMU(t, "virtio-serial-pci", "vhost-vsock-pci", "vhost-user-vsock-pci", "virtio-9p-pci")
+	cfg := writeConfig(t, "[hypervisor.qemu]\npath = \""+q+"\"\nshared_fs = \"virtio-9p\"\n[kata_fsx]\nagent_transport = \"vsock\"\naccelerator = \"tcg\"\n")
+	_, out, _ := run(t, "check", "--config", cfg)
+	if !strings.Contains(out, "PASS  agent transport        hybrid-vsock (kata_fsx.agent_transport = \"vsock\": no vhost-vsock") {
+		t.Errorf("vsock without /dev/vhost-vsock is not hybrid vsock:\n%s", out)
+	}
+
+	q = fakeQEMU(t, "virtio-serial-pci", "vhost-vsock-pci", "virtio-9p-pci")
+	for _, setting := range []string{"vsock", "hybrid-vsock"} {
+		cfg := writeConfig(t, "[hypervisor.qemu]\npath = \""+q+"\"\nshared_fs = \"virtio-9p\"\n[kata_fsx]\nagent_transport = \""+setting+"\"\naccelerator = \"tcg\"\n")
+		code, out, _ := run(t, "check", "--config", cfg)
+		if code == 0 || !strings.Contains(out, "FAIL  agent transport        "+setting+": the shim refuses every pod: kata_fsx.agent_transport = \""+setting+"\"") ||
+			!strings.Contains(out, "no vhost-user-vsock-pci") || !strings.Contains(out, "(fix: ") {
+			t.Errorf("%s: exit %d:\n%s", setting, code, out)
+		}
+		code, jsonOut, stderr := run(t, "env", "--json", "--config", cfg)
+		if code != 0 {
+			t.Fatalf("%s: env: exit %d: %s", setting, code, stderr)
+		}
+		var info EnvInfo
+		if err := json.Unmarshal([]byte(jsonOut), &info); err != nil {
+			t.Fatal(err)
+		}
+		if info.Agent.Transport != setting || !strings.Contains(info.Agent.TransportError, "kata_fsx.agent_transport") || !strings.Contains(stderr, "refuses every pod") {
+			t.Errorf("%s: env: %+v; stderr %s", setting, info.Agent, stderr)
+		}
+	}
+
+	// auto falls back to virtio-serial, which Kata's agent cannot use: a warning.
+	q = fakeQEMU(t, "virtio-serial-pci", "virtio-9p-pci")
+	cfg = writeConfig(t, "[hypervisor.qemu]\npath = \""+q+"\"\nshared_fs = \"virtio-9p\"\n[kata_fsx]\naccelerator = \"tcg\"\n")
+	_, out, _ = run(t, "check", "--config", cfg)
+	if !strings.Contains(out, "WARN  agent transport        virtio-serial (auto: ") || !strings.Contains(out, "modprobe vhost_vsock") {
+		t.Errorf("auto on virtio-serial:\n%s", out)
 	}
 }
 

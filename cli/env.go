@@ -183,8 +183,10 @@ type AgentInfo struct {
 	Debug bool
 	Trace bool
 
-	DialTimeout     uint32
-	KernelModules   []string
+	DialTimeout   uint32
+	KernelModules []string
+	// Transport is the agent transport pods get: vsock (vhost-vsock),
+	// hybrid-vsock or virtio-serial; TransportReason says why.
 	Transport       string
 	TransportReason string
 	// TransportError is the shim's refusal of every pod with this
@@ -377,9 +379,12 @@ func buildEnv(c *config.Config, h *host.Host) *EnvInfo {
 			info.Hypervisor.VirtioFSDaemonCache = m
 		}
 	}
-	if h.Transport == config.TransportVirtioSerial {
-		// Kata reports the unix socket template of a hybrid vsock here;
-		// the virtio-serial channel's socket is its counterpart.
+	switch h.Transport {
+	case config.TransportHybridVsock:
+		// Kata reports the unix socket template of a hybrid vsock here.
+		info.Hypervisor.SocketPath = sandbox.HybridVsockSocket(c, "{ID}")
+	case config.TransportVirtioSerial:
+		// The virtio-serial channel's socket is a hybrid vsock's counterpart.
 		info.Hypervisor.SocketPath = sandbox.AgentSocket(c, "{ID}")
 	}
 	info.Agent.Transport, info.Agent.TransportReason = h.Transport, h.TransportReason

@@ -390,12 +390,12 @@ func runExec(ctx context.Context, args []string, stdout, stderr io.Writer, defau
 		fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
 		return 1
 	}
-	sock := sandbox.AgentSocket(c, id)
-	if _, err := os.Stat(sock); err != nil {
-		fmt.Fprintf(stderr, "kata-fsx exec: no running pod %s (%v)\n", id, err)
+	transport, err := sandbox.DialTransport(c, id)
+	if err != nil {
+		fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
 		return 1
 	}
-	a, err := agent.Dial(ctx, agent.SerialTransport{Path: sock}, 30*time.Second)
+	a, err := agent.Dial(ctx, transport, 30*time.Second)
 	if err != nil {
 		fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
 		return 1

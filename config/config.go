@@ -33,8 +33,13 @@ const (
 	AccelKVM  = "kvm"
 	AccelTCG  = "tcg"
 
-	TransportAuto         = "auto"
-	TransportVsock        = "vsock"
+	// TransportAuto picks vhost-vsock, else hybrid vsock, else virtio-serial (package host decides).
+	TransportAuto = "auto"
+	// TransportVsock is Kata's vsock: vhost-vsock where the host has it, else hybrid vsock.
+	TransportVsock = "vsock"
+	// TransportHybridVsock is QEMU's vhost-user-vsock-pci served by kata-fsx, reached through a unix socket.
+	TransportHybridVsock = "hybrid-vsock"
+	// TransportVirtioSerial is a virtio-serial port, for kata-fsx's test agent only: Kata's agent does not speak it.
 	TransportVirtioSerial = "virtio-serial"
 )
 

@@ -126,6 +126,23 @@ func TestValidateOK(t *testing.T) {
 	}
 }
 
+// TestValidateAgentTransports: every transport agent_transport names is
+// accepted; whether it works on the host is package host's to say.
+func TestValidateAgentTransports(t *testing.T) {
+	for _, tr := range []string{TransportAuto, TransportVsock, TransportHybridVsock, TransportVirtioSerial} {
+		c := validConfig(t)
+		c.KataFSX.AgentTransport = tr
+		if err := Validate(c, HostFacts{DaemonFlavour: FlavourC, QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 8192}); err != nil {
+			t.Errorf("agent_transport = %q refused: %v", tr, err)
+		}
+	}
+	c := validConfig(t)
+	c.QEMU().SharedFS = SharedFS9P
+	if err := Validate(c, HostFacts{DaemonFlavour: FlavourC, QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 64}); err != nil {
+		t.Errorf("9p over virtio-serial needs no /dev/shm: %v", err)
+	}
+}
+
 func TestValidateErrorsNameTheKey(t *testing.T) {
 	host := HostFacts{DaemonFlavour: FlavourC, QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 8192}
 	cases := []struct {
@@ -159,7 +176,11 @@ func TestValidateErrorsNameTheKey(t *testing.T) {
 		{"queue size", func(c *Config, h *HostFacts) { c.KataFSX.ImagefsBlk.QueueSize = 100 }, "kata_fsx.imagefs_blk.queue_size", "power of two"},
 		{"block size", func(c *Config, h *HostFacts) { c.KataFSX.ImagefsBlk.BlockSize = 8192 }, "kata_fsx.imagefs_blk.block_size", "1024, 2048 or 4096"},
 		{"accelerator", func(c *Config, h *HostFacts) { c.KataFSX.Accelerator = "hvf" }, "kata_fsx.accelerator", "unknown accelerator"},
-		{"transport", func(c *Config, h *HostFacts) { c.KataFSX.AgentTransport = "tcp" }, "kata_fsx.agent_transport", "unknown agent transport"},
+		{"transport", func(c *Config, h *HostFacts) { c.KataFSX.AgentTransport = "tcp" }, "kata_fsx.agent_transport", "use auto, vsock, hybrid-vsock or virtio-serial"},
+		{"shm too small for hybrid vsock", func(c *Config, h *HostFacts) {
+			c.QEMU().SharedFS = SharedFS9P
+			h.ShmFreeMiB, h.AgentSharesMemory = 64, true
+		}, "hypervisor.qemu.default_memory", "/dev/shm"},
 		{"block aio", func(c *Config, h *HostFacts) { c.QEMU().BlockDeviceAIO = "posix" }, "hypervisor.qemu.block_device_aio", "unknown aio mode"},
 		{"native aio without O_DIRECT", func(c *Config, h *HostFacts) { c.QEMU().BlockDeviceAIO = "native" }, "hypervisor.qemu.block_device_aio", "needs O_DIRECT"},
 		{"image and initrd", func(c *Config, h *HostFacts) { c.QEMU().Image = "/img" }, "hypervisor.qemu.initrd", "image and an initrd"},

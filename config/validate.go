@@ -17,6 +17,9 @@ type HostFacts struct {
 	HostMemMiB    uint64        // MemTotal
 	ShmFreeMiB    uint64        // free space of /dev/shm
 	ShmProbed     bool
+	// AgentSharesMemory: the agent transport the host resolved is hybrid
+	// vsock, a vhost-user device, so guest RAM is shared whatever shared_fs is.
+	AgentSharesMemory bool
 }
 
 // NeedsVirtioFS reports whether the effective shared_fs can end up running virtiofsd.
@@ -103,7 +106,7 @@ func Validate(c *Config, host HostFacts) error {
 	if q.DefaultMemory == 0 {
 		add(&Error{Key: "hypervisor.qemu.default_memory", Value: "0", Problem: "a VM needs memory",
 			Fix: "set it in MiB, e.g. 2048 (Kata's default)"})
-	} else if c.NeedsSharedMemory() && host.ShmProbed && sharesShm(q) && uint64(q.DefaultMemory) > host.ShmFreeMiB {
+	} else if (c.NeedsSharedMemory() || host.AgentSharesMemory) && host.ShmProbed && sharesShm(q) && uint64(q.DefaultMemory) > host.ShmFreeMiB {
 		add(&Error{Key: "hypervisor.qemu.default_memory", Value: fmt.Sprint(q.DefaultMemory),
 			Problem: fmt.Sprintf("vhost-user devices need guest RAM shared through /dev/shm, which has only %d MiB free", host.ShmFreeMiB),
 			Fix:     "lower default_memory or grow /dev/shm (mount -o remount,size=... /dev/shm)", Host: true})
@@ -127,9 +130,9 @@ func Validate(c *Config, host HostFacts) error {
 		add(&Error{Key: "kata_fsx.accelerator", Value: k.Accelerator, Problem: "unknown accelerator", Fix: "use auto, kvm or tcg"})
 	}
 	switch k.AgentTransport {
-	case TransportAuto, TransportVsock, TransportVirtioSerial:
+	case TransportAuto, TransportVsock, TransportHybridVsock, TransportVirtioSerial:
 	default:
-		add(&Error{Key: "kata_fsx.agent_transport", Value: k.AgentTransport, Problem: "unknown agent transport", Fix: "use auto, vsock or virtio-serial"})
+		add(&Error{Key: "kata_fsx.agent_transport", Value: k.AgentTransport, Problem: "unknown agent transport", Fix: "use auto, vsock, hybrid-vsock or virtio-serial"})
 	}
 	b := &k.ImagefsBlk
 	switch b.BlockSize {

@@ -4,13 +4,15 @@
 // report the same Host, so what env prints is what a pod on this host
 // gets, with the reason for each choice.
 //
-// The agent transport: agent_transport = "auto" resolves to virtio-serial
-// even where /dev/vhost-vsock opens, with the reason "vsock agent transport
-// not implemented yet". The shim cannot reach an agent over vsock yet, and
-// /dev/vhost-vsock opens on every Kata host, so resolving auto to vsock
-// would refuse every pod there. An explicit agent_transport = "vsock"
-// resolves to vsock and carries TransportErr: the refusal every pod gets
-// from the shim, which env and check report as such.
+// The agent transport is decided here and nowhere else (chooseTransport).
+// agent_transport = "auto" takes, in order: vhost-vsock (as Kata on QEMU:
+// /dev/vhost-vsock opens and QEMU has vhost-vsock-pci), hybrid vsock
+// (QEMU has vhost-user-vsock-pci, served in process by kata-fsx, and guest
+// RAM can be shared through memfd or /dev/shm), then a virtio-serial port,
+// which only kata-fsx's test agent speaks. "vsock" is Kata's meaning:
+// vhost-vsock, else hybrid vsock. An explicit choice that cannot work on
+// this host resolves to itself with TransportErr set, naming the key and
+// the fix: the refusal every pod gets, which env and check report.
 package host
 
 import (
@@ -32,12 +34,9 @@ import (
 	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
 
-// ReasonVsockNotImplemented is why agent_transport = "auto" never picks vsock.
-const ReasonVsockNotImplemented = "vsock agent transport not implemented yet"
-
-// ErrVsockNotWired is wrapped by TransportErr when the configuration asks
-// for the vsock agent transport, which the shim cannot use yet.
-var ErrVsockNotWired = errors.New("vsock agent transport is not wired yet")
+// ErrTransportUnavailable is wrapped by TransportErr when no agent
+// transport the configuration allows works on this host.
+var ErrTransportUnavailable = errors.New("agent transport unavailable on this host")
 
 // Host is what one probe learned about the machine for one configuration.
 type Host struct {
@@ -61,9 +60,11 @@ type Host struct {
 	Vsock       bool
 	VsockReason string
 
-	// Transport is the agent transport pods get (config.TransportVsock or
+	// Transport is the agent transport pods get (config.TransportVsock for
+	// vhost-vsock, config.TransportHybridVsock or
 	// config.TransportVirtioSerial) and TransportReason why; TransportErr,
-	// when set, is the shim's refusal of every pod with this transport.
+	// when set, is the shim's refusal of every pod, Transport then being
+	// the setting that cannot work.
 	Transport       string
 	TransportReason string
 	TransportErr    error
@@ -122,7 +123,6 @@ func Probe(ctx context.Context, c *config.Config) *Host {
 	}
 	h.Accel, h.AccelReason = hypervisor.ChooseAccel(ctx, c.KataFSX.Accelerator, q.Path, q.Kernel, h.AccelCacheDir)
 	h.Vsock, h.VsockReason = hypervisor.VsockAvailable()
-	h.Transport, h.TransportReason, h.TransportErr = chooseTransport(c.KataFSX.AgentTransport, h.Vsock, h.VsockReason)
 	h.Memfd, h.MemfdReason = hypervisor.MemfdAvailable()
 	var st unix.Statfs_t
 	if err := unix.Statfs("/dev/shm", &st); err != nil {
@@ -130,25 +130,98 @@ func Probe(ctx context.Context, c *config.Config) *Host {
 	} else {
 		h.ShmFreeMiB = st.Bavail * uint64(st.Bsize) >> 20
 	}
+	h.Transport, h.TransportReason, h.TransportErr = chooseTransport(c.KataFSX.AgentTransport, transportFacts{
+		caps: h.QEMU, vsock: h.Vsock, vsockWhy: h.VsockReason,
+		memfd: h.Memfd, memfdWhy: h.MemfdReason, shmErr: h.ShmErr,
+	})
 	h.Memory, h.MemoryErr = readMeminfo("/proc/meminfo")
 	h.System = probeSystem()
 	return h
 }
 
-// chooseTransport resolves kata_fsx.agent_transport; see the package doc
-// for why auto never picks vsock.
-func chooseTransport(setting string, vsock bool, vsockWhy string) (transport, why string, err error) {
+// transportFacts is what the agent transport depends on.
+type transportFacts struct {
+	// caps is QEMU's probe; nil when it failed, which rules out no
+	// transport here (the sandbox refuses the pod on QEMUErr anyway).
+	caps     *hypervisor.Caps
+	vsock    bool // /dev/vhost-vsock opens
+	vsockWhy string
+	memfd    bool
+	memfdWhy string
+	shmErr   error
+}
+
+// vhostVsock says whether vhost-vsock works, and why or why not.
+func (f transportFacts) vhostVsock() (bool, string) {
+	switch {
+	case !f.vsock:
+		return false, f.vsockWhy
+	case !f.has("vhost-vsock-pci"):
+		return false, "QEMU has no vhost-vsock-pci"
+	}
+	return true, "/dev/vhost-vsock opens and QEMU has vhost-vsock-pci"
+}
+
+// hybridVsock says whether hybrid vsock works, and why or why not: the
+// in-process device is a vhost-user backend, so guest RAM must be shared.
+func (f transportFacts) hybridVsock() (bool, string) {
+	if !f.has("vhost-user-vsock-pci") {
+		return false, "QEMU has no vhost-user-vsock-pci"
+	}
+	switch {
+	case f.shmErr == nil:
+		return true, "QEMU has vhost-user-vsock-pci and guest RAM can be shared through /dev/shm"
+	case f.memfd:
+		return true, "QEMU has vhost-user-vsock-pci and guest RAM can be shared through memfd"
+	}
+	return false, fmt.Sprintf("guest RAM cannot be shared with the in-process vsock device (%s; %v)", f.memfdWhy, f.shmErr)
+}
+
+func (f transportFacts) has(device string) bool {
+	return f.caps == nil || f.caps.HasDevice(device)
+}
+
+// chooseTransport resolves kata_fsx.agent_transport on this host; see
+// the package doc for the order and why.
+func chooseTransport(setting string, f transportFacts) (transport, why string, err error) {
+	key := fmt.Sprintf("kata_fsx.agent_transport = %q", setting)
+	refuse := func(problem, fix string) (string, string, error) {
+		return setting, key, fmt.Errorf("%s: %w: %s (fix: %s)", key, ErrTransportUnavailable, problem, fix)
+	}
+	const fixVsock = "load vhost_vsock (modprobe vhost_vsock) and let the runtime open /dev/vhost-vsock, or use a QEMU with vhost-user-vsock-pci and shared memory (memfd or /dev/shm)"
+	const fixHybrid = "use a QEMU with vhost-user-vsock-pci and make memfd or /dev/shm usable"
+	serialOK := f.has("virtio-serial-pci")
+	vhostOK, vhostWhy := f.vhostVsock()
+	hybridOK, hybridWhy := f.hybridVsock()
 	switch setting {
-	case config.TransportVsock:
-		return config.TransportVsock, `kata_fsx.agent_transport = "vsock"`,
-			fmt.Errorf("%w; set kata_fsx.agent_transport = %q or %q", ErrVsockNotWired, config.TransportAuto, config.TransportVirtioSerial)
 	case config.TransportVirtioSerial:
-		return config.TransportVirtioSerial, `kata_fsx.agent_transport = "virtio-serial"`, nil
+		if !serialOK {
+			return refuse("QEMU has no virtio-serial-pci", `set kata_fsx.agent_transport = "auto"`)
+		}
+		return config.TransportVirtioSerial, key + " (kata-fsx's test agent only: Kata's agent listens on vsock)", nil
+	case config.TransportHybridVsock:
+		if !hybridOK {
+			return refuse(hybridWhy, fixHybrid+`, or set kata_fsx.agent_transport = "auto"`)
+		}
+		return config.TransportHybridVsock, key + ": " + hybridWhy, nil
+	case config.TransportVsock:
+		switch {
+		case vhostOK:
+			return config.TransportVsock, key + ": vhost-vsock: " + vhostWhy, nil
+		case hybridOK:
+			return config.TransportHybridVsock, key + ": no vhost-vsock (" + vhostWhy + "), so hybrid vsock, as Kata: " + hybridWhy, nil
+		}
+		return refuse("no vhost-vsock ("+vhostWhy+") and no hybrid vsock ("+hybridWhy+")", fixVsock)
 	}
-	if vsock {
-		return config.TransportVirtioSerial, "auto: /dev/vhost-vsock is usable, but " + ReasonVsockNotImplemented, nil
+	switch {
+	case vhostOK:
+		return config.TransportVsock, "auto: vhost-vsock: " + vhostWhy, nil
+	case hybridOK:
+		return config.TransportHybridVsock, "auto: no vhost-vsock (" + vhostWhy + "); hybrid vsock: " + hybridWhy, nil
+	case serialOK:
+		return config.TransportVirtioSerial, "auto: no vhost-vsock (" + vhostWhy + "), no hybrid vsock (" + hybridWhy + "): virtio-serial, which only kata-fsx's test agent speaks", nil
 	}
-	return config.TransportVirtioSerial, "auto: " + vsockWhy, nil
+	return refuse("no vhost-vsock ("+vhostWhy+"), no hybrid vsock ("+hybridWhy+") and QEMU has no virtio-serial-pci", fixVsock)
 }
 
 // Facts converts what was probed into what config.Validate checks against;
@@ -167,6 +240,7 @@ func (h *Host) Facts() config.HostFacts {
 	if h.MemoryErr == nil {
 		f.HostMemMiB = h.Memory.TotalKiB >> 10
 	}
+	f.AgentSharesMemory = h.TransportErr == nil && h.Transport == config.TransportHybridVsock
 	return f
 }
 

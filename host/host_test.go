@@ -68,8 +68,15 @@ func TestProbeThisHost(t *testing.T) {
 	if !h.Vsock && !strings.Contains(h.VsockReason, "/dev/vhost-vsock") {
 		t.Errorf("vsock reason %q does not name the device", h.VsockReason)
 	}
-	if h.Transport != config.TransportVirtioSerial || h.TransportErr != nil || !strings.HasPrefix(h.TransportReason, "auto: ") {
-		t.Errorf("auto transport: %s (%s), %v", h.Transport, h.TransportReason, h.TransportErr)
+	wantTransport := config.TransportVirtioSerial
+	switch {
+	case h.Vsock && h.QEMU.VhostVsock:
+		wantTransport = config.TransportVsock
+	case h.QEMU.VhostUserVsock:
+		wantTransport = config.TransportHybridVsock
+	}
+	if h.Transport != wantTransport || h.TransportErr != nil || !strings.HasPrefix(h.TransportReason, "auto: ") {
+		t.Errorf("auto transport: %s (%s), %v; want %s", h.Transport, h.TransportReason, h.TransportErr, wantTransport)
 	}
 
 	if !h.Memfd {
@@ -99,6 +106,7 @@ func TestProbeThisHost(t *testing.T) {
 	want := config.HostFacts{
 		DaemonFlavour: config.FlavourC, QEMUProbed: true, QEMUHasDAX: h.QEMU.DAX,
 		HostMemMiB: h.Memory.TotalKiB >> 10, ShmProbed: h.ShmErr == nil, ShmFreeMiB: h.ShmFreeMiB,
+		AgentSharesMemory: wantTransport == config.TransportHybridVsock,
 	}
 	if facts != want {
 		t.Errorf("facts %+v, want %+v", facts, want)
@@ -135,25 +143,63 @@ func TestProbeMissingBinaries(t *testing.T) {
 }
 
 func TestChooseTransport(t *testing.T) {
+	all := &hypervisor.Caps{Devices: []string{"vhost-user-vsock-pci", "vhost-vsock-pci", "virtio-serial-pci"}}
+	noHybrid := &hypervisor.Caps{Devices: []string{"vhost-vsock-pci", "virtio-serial-pci"}}
+	serialOnly := &hypervisor.Caps{Devices: []string{"virtio-serial-pci"}}
+	none := &hypervisor.Caps{Devices: []string{"pci-bridge"}}
+	noDev := "/dev/vhost-vsock: no such file"
+	shmGone := errors.New("statfs /dev/shm: no such file or directory")
+	kataHost := transportFacts{caps: all, vsock: true, memfd: true}
+	thisHost := transportFacts{caps: all, vsockWhy: noDev, memfd: true}
+	noSharing := transportFacts{caps: all, vsockWhy: noDev, memfdWhy: "memfd_create: permission denied", shmErr: shmGone}
 	cases := []struct {
-		setting   string
-		vsock     bool
-		want      string
-		whyHas    string
-		refused   bool
-		refusedIs error
+		name    string
+		setting string
+		f       transportFacts
+		want    string
+		whyHas  []string
+		refused bool
 	}{
-		{config.TransportAuto, true, config.TransportVirtioSerial, ReasonVsockNotImplemented, false, nil},
-		{config.TransportAuto, false, config.TransportVirtioSerial, "/dev/vhost-vsock: no such file", false, nil},
-		{config.TransportVirtioSerial, true, config.TransportVirtioSerial, `"virtio-serial"`, false, nil},
-		{config.TransportVsock, false, config.TransportVsock, `"vsock"`, true, ErrVsockNotWired},
-		{config.TransportVsock, true, config.TransportVsock, `"vsock"`, true, ErrVsockNotWired},
+		{"auto on a Kata host", config.TransportAuto, kataHost, config.TransportVsock, []string{"auto: vhost-vsock", "/dev/vhost-vsock opens"}, false},
+		{"auto without /dev/vhost-vsock", config.TransportAuto, thisHost, config.TransportHybridVsock, []string{"auto: no vhost-vsock (" + noDev + ")", "/dev/shm"}, false},
+		{"auto, QEMU without vhost-vsock-pci", config.TransportAuto, transportFacts{caps: &hypervisor.Caps{Devices: []string{"vhost-user-vsock-pci"}}, vsock: true, memfd: true}, config.TransportHybridVsock, []string{"QEMU has no vhost-vsock-pci"}, false},
+		{"auto, memfd only", config.TransportAuto, transportFacts{caps: all, vsockWhy: noDev, memfd: true, shmErr: shmGone}, config.TransportHybridVsock, []string{"through memfd"}, false},
+		{"auto, no shared memory", config.TransportAuto, noSharing, config.TransportVirtioSerial, []string{"guest RAM cannot be shared", "permission denied", "test agent"}, false},
+		{"auto, QEMU without vhost-user-vsock-pci", config.TransportAuto, transportFacts{caps: noHybrid, vsockWhy: noDev, memfd: true}, config.TransportVirtioSerial, []string{"no vhost-user-vsock-pci"}, false},
+		{"auto, QEMU not probed", config.TransportAuto, transportFacts{vsockWhy: noDev, memfd: true}, config.TransportHybridVsock, nil, false},
+		{"auto, nothing works", config.TransportAuto, transportFacts{caps: none, vsockWhy: noDev, memfd: true}, config.TransportAuto, nil, true},
+		{"vsock on a Kata host", config.TransportVsock, kataHost, config.TransportVsock, []string{`"vsock": vhost-vsock`}, false},
+		{"vsock falls to hybrid as Kata", config.TransportVsock, thisHost, config.TransportHybridVsock, []string{`"vsock": no vhost-vsock`, "hybrid vsock"}, false},
+		{"vsock, neither works", config.TransportVsock, transportFacts{caps: serialOnly, vsockWhy: noDev, memfd: true}, config.TransportVsock, nil, true},
+		{"hybrid-vsock on a Kata host", config.TransportHybridVsock, kataHost, config.TransportHybridVsock, []string{`"hybrid-vsock"`}, false},
+		{"hybrid-vsock without sharing", config.TransportHybridVsock, noSharing, config.TransportHybridVsock, nil, true},
+		{"hybrid-vsock, QEMU without it", config.TransportHybridVsock, transportFacts{caps: noHybrid, memfd: true}, config.TransportHybridVsock, nil, true},
+		{"virtio-serial everywhere", config.TransportVirtioSerial, kataHost, config.TransportVirtioSerial, []string{`"virtio-serial"`, "test agent only"}, false},
+		{"virtio-serial, QEMU without it", config.TransportVirtioSerial, transportFacts{caps: none}, config.TransportVirtioSerial, nil, true},
 	}
 	for _, tc := range cases {
-		got, why, err := chooseTransport(tc.setting, tc.vsock, "/dev/vhost-vsock: no such file")
-		if got != tc.want || !strings.Contains(why, tc.whyHas) || (err != nil) != tc.refused || (tc.refusedIs != nil && !errors.Is(err, tc.refusedIs)) {
-			t.Errorf("%s, vsock %v: %s (%s), %v", tc.setting, tc.vsock, got, why, err)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			got, why, err := chooseTransport(tc.setting, tc.f)
+			if got != tc.want || why == "" || (err != nil) != tc.refused {
+				t.Fatalf("%s (%s), %v; want %s, refused %v", got, why, err, tc.want, tc.refused)
+			}
+			for _, w := range tc.whyHas {
+				if !strings.Contains(why, w) {
+					t.Errorf("reason %q lacks %q", why, w)
+				}
+			}
+			if err != nil {
+				// The refusal names the key, the setting and a fix.
+				for _, w := range []string{"kata_fsx.agent_transport = \"" + tc.setting + "\"", "fix: "} {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("refusal %q lacks %q", err, w)
+					}
+				}
+				if !errors.Is(err, ErrTransportUnavailable) {
+					t.Errorf("refusal %v is not ErrTransportUnavailable", err)
+				}
+			}
+		})
 	}
 }
 

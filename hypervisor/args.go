@@ -2,6 +2,7 @@ package hypervisor
 
 import (
 	"fmt"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -43,6 +44,9 @@ var uuidRE = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[
 type Plan struct {
 	// Args is the argv without the binary itself.
 	Args []string
+	// ExtraFiles are the open files QEMU inherits, the i-th as fd 3+i
+	// (exec.Cmd.ExtraFiles), which Args name by that number.
+	ExtraFiles []*os.File
 	// PCIPaths maps each PCI device id (devices, agent channel, console, bridge) to its guest PCI path.
 	PCIPaths map[string]PCIPath
 	// Hotplug allocates the reserved hot-plug slots; nil when VMConfig.HotplugSlots is 0.
@@ -141,24 +145,8 @@ func Build(vm *VMConfig) (*Plan, error) {
 		}
 	}
 
-	switch vm.Agent.Transport {
-	case AgentVsock:
-		id := fmt.Sprintf("vsock-%d", vm.Agent.GuestCID)
-		loc, err := bus.next(id)
-		if err != nil {
-			return nil, err
-		}
-		b.add("-device", fmt.Sprintf("vhost-vsock-pci,id=%s,guest-cid=%d,%s", id, vm.Agent.GuestCID, loc.props()))
-		b.plan.PCIPaths[id] = loc.path
-	case AgentSerial:
-		loc, err := bus.next("serial0")
-		if err != nil {
-			return nil, err
-		}
-		b.add("-device", "virtio-serial-pci,id=serial0,"+loc.props())
-		b.add("-chardev", "socket,id=charch0,path="+escapeOpt(vm.Agent.SocketPath)+",server=on,wait=off")
-		b.add("-device", "virtserialport,bus=serial0.0,chardev=charch0,id=channel0,name=agent.channel.0")
-		b.plan.PCIPaths["serial0"] = loc.path
+	if err := b.agentChannel(vm, bus); err != nil {
+		return nil, err
 	}
 
 	for _, d := range vm.Devices {
@@ -294,25 +282,8 @@ func validateVM(vm *VMConfig) error {
 	if strings.Contains(vm.QMPSocket, ",") {
 		return invalid("QMP socket path %q must not contain a comma", vm.QMPSocket)
 	}
-	switch vm.Agent.Transport {
-	case AgentVsock:
-		// CIDs 0-2 are reserved (hypervisor, local, host) and -1 is VMADDR_CID_ANY.
-		if vm.Agent.GuestCID < 3 || vm.Agent.GuestCID == ^uint32(0) {
-			return invalid("vsock guest CID %d: want 3..%d", vm.Agent.GuestCID, ^uint32(0)-1)
-		}
-		if err := needDevice(vm, "vhost-vsock-pci"); err != nil {
-			return err
-		}
-	case AgentSerial:
-		if err := checkSocketPath("agent socket", vm.Agent.SocketPath); err != nil {
-			return err
-		}
-		if err := needDevice(vm, "virtio-serial-pci"); err != nil {
-			return err
-		}
-	case "":
-	default:
-		return invalid("agent transport %q: want %q or %q", vm.Agent.Transport, AgentVsock, AgentSerial)
+	if err := validateAgent(vm); err != nil {
+		return err
 	}
 	if vm.HotplugSlots < 0 || vm.HotplugSlots > maxBridgeSlots {
 		return invalid("hot-plug slots %d: want 0..%d", vm.HotplugSlots, maxBridgeSlots)
@@ -322,7 +293,7 @@ func validateVM(vm *VMConfig) error {
 			return err
 		}
 	}
-	ids := map[string]bool{bridgeID: true, "serial0": true, "channel0": true, "console0": true, "virtio-serial-console": true, fmt.Sprintf("vsock-%d", vm.Agent.GuestCID): true}
+	ids := map[string]bool{bridgeID: true, "serial0": true, "channel0": true, "console0": true, "virtio-serial-console": true, vsockDeviceID(vm.Agent.GuestCID): true, hybridVsockID: true}
 	for i, d := range vm.Devices {
 		if d == nil {
 			return invalid("device %d is nil", i)

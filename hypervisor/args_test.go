@@ -15,14 +15,14 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden from the curr
 
 // testCaps is a Debian-7.2-like capability set, fixed so goldens do not depend on the host QEMU.
 func testCaps(dax bool) *Caps {
-	devs := []string{"pci-bridge", "vhost-user-blk-pci", "vhost-user-fs-pci", "vhost-vsock-pci", "virtio-9p-pci", "virtio-blk-pci", "virtio-serial-pci", "virtconsole", "virtserialport"}
+	devs := []string{"pci-bridge", "vhost-user-blk-pci", "vhost-user-fs-pci", "vhost-user-vsock-pci", "vhost-vsock-pci", "virtio-9p-pci", "virtio-blk-pci", "virtio-serial-pci", "virtconsole", "virtserialport"}
 	sort.Strings(devs)
 	return &Caps{
 		Path:     "/usr/bin/qemu-system-x86_64",
 		Version:  Version{7, 2, 22},
 		Devices:  devs,
 		Machines: []Machine{{Name: "pc", Alias: "pc-i440fx-7.2"}, {Name: "q35", Alias: "pc-q35-7.2"}},
-		DAX:      dax, VhostUserFS: true, VhostUserBlk: true, Virtio9P: true, VhostVsock: true, VirtioBlk: true, VirtioSerial: true, PCIBridge: true,
+		DAX:      dax, VhostUserFS: true, VhostUserBlk: true, Virtio9P: true, VhostVsock: true, VhostUserVsock: true, VirtioBlk: true, VirtioSerial: true, PCIBridge: true,
 	}
 }
 
@@ -61,6 +61,9 @@ func goldenCases() map[string]func(vm *VMConfig) {
 			vm.Agent = AgentChannel{Transport: AgentVsock, GuestCID: 3}
 		},
 		"tcg_serial": func(vm *VMConfig) {},
+		"hybrid_vsock": func(vm *VMConfig) {
+			vm.Agent = AgentChannel{Transport: AgentHybridVsock, SocketPath: "/run/kata-fsx/abc/vsock/vhost.sock"}
+		},
 		"pc_machine": func(vm *VMConfig) { vm.MachineType = "pc" },
 		"virtiofs_dax_off": func(vm *VMConfig) {
 			vm.Devices = []Device{fsDev()}

@@ -3,6 +3,7 @@ package hypervisor
 import (
 	"errors"
 	"fmt"
+	"os"
 )
 
 // Errors returned by Build when a VMConfig cannot give a working VM.
@@ -48,6 +49,8 @@ type AgentTransport string
 const (
 	// AgentVsock is vhost-vsock-pci; needs /dev/vhost-vsock on the host. The agent listens on vsock port 1024.
 	AgentVsock AgentTransport = "vsock"
+	// AgentHybridVsock is vhost-user-vsock-pci, its backend (the guest's vsock device) served by kata-fsx over a vhost-user socket.
+	AgentHybridVsock AgentTransport = "hybrid-vsock"
 	// AgentSerial is a virtio-serial port named agent.channel.0 behind a unix socket QEMU listens on.
 	AgentSerial AgentTransport = "serial"
 )
@@ -55,9 +58,16 @@ const (
 // AgentChannel configures the host<->agent channel.
 type AgentChannel struct {
 	Transport AgentTransport
-	// GuestCID is the guest's vsock context id (>= 3) for AgentVsock.
+	// GuestCID is the guest's vsock context id (3..MaxGuestCID) for AgentVsock.
 	GuestCID uint32
-	// SocketPath is the unix socket QEMU listens on for AgentSerial.
+	// VhostFD, for AgentVsock, is an open /dev/vhost-vsock that already
+	// holds GuestCID (FindContextID); QEMU inherits it as vhostfd=, as
+	// Kata passes it. Nil lets QEMU open the device itself. The caller
+	// owns it and closes it once QEMU has exited.
+	VhostFD *os.File
+	// SocketPath is the unix socket QEMU listens on for AgentSerial, and
+	// the vhost-user socket of the vsock backend QEMU connects to for
+	// AgentHybridVsock (the backend must listen before Start).
 	SocketPath string
 }
 

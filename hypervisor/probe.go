@@ -72,9 +72,11 @@ type Caps struct {
 	VhostUserBlk bool // vhost-user-blk-pci (imagefs-blk)
 	Virtio9P     bool // virtio-9p-pci
 	VhostVsock   bool // vhost-vsock-pci (agent channel)
-	VirtioBlk    bool // virtio-blk-pci
-	VirtioSerial bool // virtio-serial-pci (agent channel without vsock)
-	PCIBridge    bool // pci-bridge (hot-plug slots)
+	// VhostUserVsock is vhost-user-vsock-pci (the agent over hybrid vsock).
+	VhostUserVsock bool
+	VirtioBlk      bool // virtio-blk-pci
+	VirtioSerial   bool // virtio-serial-pci (agent channel without vsock)
+	PCIBridge      bool // pci-bridge (hot-plug slots)
 	// DAX reports whether vhost-user-fs-pci has the cache-size property; upstream QEMU never merged it.
 	DAX bool
 }
@@ -125,6 +127,7 @@ func Probe(ctx context.Context, qemuPath string) (*Caps, error) {
 	caps.VhostUserBlk = caps.HasDevice("vhost-user-blk-pci")
 	caps.Virtio9P = caps.HasDevice("virtio-9p-pci")
 	caps.VhostVsock = caps.HasDevice("vhost-vsock-pci")
+	caps.VhostUserVsock = caps.HasDevice("vhost-user-vsock-pci")
 	caps.VirtioBlk = caps.HasDevice("virtio-blk-pci")
 	caps.VirtioSerial = caps.HasDevice("virtio-serial-pci")
 	caps.PCIBridge = caps.HasDevice("pci-bridge")

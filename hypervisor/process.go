@@ -163,6 +163,9 @@ func (vm *VM) launch(ctx context.Context) error {
 	// Own process group: a ^C meant for kata-fsx must not kill the VM
 	// before Stop can shut it down in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Fds the argv names (vhostfd=): the child gets its own copies; the
+	// parent's stay the caller's, open until QEMU has exited.
+	cmd.ExtraFiles = vm.plan.ExtraFiles
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
 		return fmt.Errorf("start %s: %w", vm.binary, err)

@@ -16,6 +16,6 @@ func PlanForTest(ctx context.Context, cfg *config.Config, id string) (*hyperviso
 	if err != nil {
 		return nil, err
 	}
-	_, vmc, _, err := newSandbox(ctx, id, d).plan(ctx, spec)
+	_, vmc, err := newSandbox(ctx, id, d).plan(ctx, spec)
 	return vmc, err
 }

@@ -35,12 +35,20 @@ func TestEnvReportsWhatThePodGets(t *testing.T) {
 	base := "[hypervisor.qemu]\npath = \"" + qemu + "\"\nkernel = \"" + dir + "/vmlinux\"\ninitrd = \"" + dir + "/initrd.img\"\n" +
 		"virtio_fs_daemon = \"" + virtiofsd + "\"\ndefault_memory = 256\nshared_fs = \"virtio-fs\"\n" +
 		"[kata_fsx]\nstate_dir = \"" + filepath.Join(dir, "run") + "\"\n"
-	cases := []struct{ name, kataFSX string }{
-		{"defaults", ""},
-		{"tcg, auto transport", "accelerator = \"tcg\"\nagent_transport = \"auto\"\n"},
-		{"virtio-serial", "agent_transport = \"virtio-serial\"\n"},
-		{"vsock", "agent_transport = \"vsock\"\n"},
-		{"kvm as written", "accelerator = \"kvm\"\n"},
+	// Where /dev/vhost-vsock opens, auto and vsock are vhost-vsock; here
+	// (none) they are hybrid vsock, which this QEMU has.
+	vsock := config.TransportHybridVsock
+	if f, err := os.OpenFile("/dev/vhost-vsock", os.O_RDWR, 0); err == nil {
+		f.Close()
+		vsock = config.TransportVsock
+	}
+	cases := []struct{ name, kataFSX, transport string }{
+		{"defaults", "", vsock},
+		{"tcg, auto transport", "accelerator = \"tcg\"\nagent_transport = \"auto\"\n", vsock},
+		{"virtio-serial", "agent_transport = \"virtio-serial\"\n", config.TransportVirtioSerial},
+		{"vsock", "agent_transport = \"vsock\"\n", vsock},
+		{"hybrid-vsock", "agent_transport = \"hybrid-vsock\"\n", config.TransportHybridVsock},
+		{"kvm as written", "accelerator = \"kvm\"\n", ""},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -74,12 +82,31 @@ func TestEnvReportsWhatThePodGets(t *testing.T) {
 			if string(vmc.Accel) != env.Hypervisor.Accelerator {
 				t.Errorf("env reports accelerator %s (%s), the sandbox boots %s", env.Hypervisor.Accelerator, env.Hypervisor.AcceleratorReason, vmc.Accel)
 			}
-			want := map[string]hypervisor.AgentTransport{config.TransportVirtioSerial: hypervisor.AgentSerial, config.TransportVsock: hypervisor.AgentVsock}[env.Agent.Transport]
+			want := map[string]hypervisor.AgentTransport{
+				config.TransportVirtioSerial: hypervisor.AgentSerial,
+				config.TransportVsock:        hypervisor.AgentVsock,
+				config.TransportHybridVsock:  hypervisor.AgentHybridVsock,
+			}[env.Agent.Transport]
 			if vmc.Agent.Transport != want {
 				t.Errorf("env reports transport %s (%s), the sandbox uses %s", env.Agent.Transport, env.Agent.TransportReason, vmc.Agent.Transport)
 			}
-			if got := strings.ReplaceAll(env.Hypervisor.SocketPath, "{ID}", id); got != vmc.Agent.SocketPath {
-				t.Errorf("env reports agent socket %s, the sandbox uses %s", got, vmc.Agent.SocketPath)
+			if tc.transport != "" && env.Agent.Transport != tc.transport {
+				t.Errorf("env reports transport %s (%s), want %s on this host", env.Agent.Transport, env.Agent.TransportReason, tc.transport)
+			}
+			// The socket env names is the one the shim dials.
+			got := strings.ReplaceAll(env.Hypervisor.SocketPath, "{ID}", id)
+			switch vmc.Agent.Transport {
+			case hypervisor.AgentSerial:
+				if got != vmc.Agent.SocketPath {
+					t.Errorf("env reports agent socket %s, the sandbox uses %s", got, vmc.Agent.SocketPath)
+				}
+			case hypervisor.AgentHybridVsock:
+				if got != sandbox.HybridVsockSocket(cfg, id) || filepath.Dir(got) != filepath.Dir(vmc.Agent.SocketPath) {
+					t.Errorf("env reports hybrid vsock socket %s, the sandbox's device is on %s", got, vmc.Agent.SocketPath)
+				}
+				if vmc.SharedMemory == hypervisor.SharedMemoryOff {
+					t.Error("hybrid vsock without shared guest memory")
+				}
 			}
 		})
 	}

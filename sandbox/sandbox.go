@@ -71,6 +71,13 @@ type Sandbox struct {
 	vfsd   *virtiofs.Process
 	shared *virtiofs.SharedDir
 	agent  *agent.Client
+	// vhostVsock is the open /dev/vhost-vsock that holds the guest's CID
+	// (vhost-vsock transport); QEMU has a copy, and Stop closes this one
+	// after QEMU is gone.
+	vhostVsock *os.File
+	// hybridVsock is the in-process vsock device behind a hybrid vsock
+	// transport; Stop closes it after QEMU is gone.
+	hybridVsock io.Closer
 	// life is the sandbox's lifetime, for what runs beyond one request
 	// (the disks' vhost-user servers); Stop ends it.
 	life     context.Context
@@ -133,11 +140,15 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 			}
 		}
 	}()
-	h, vmc, transport, err := s.plan(ctx, spec)
+	h, vmc, err := s.plan(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
 	if err := hypervisor.MakeVMDir(s.Dir); err != nil {
+		return nil, err
+	}
+	transport, err := s.startAgentChannel(ctx, vmc)
+	if err != nil {
 		return nil, err
 	}
 	storages, err := s.prepareBackend(ctx, h, vmc, spec)
@@ -185,22 +196,24 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 
 // plan probes the host and turns the configuration into the VM to boot:
 // the accelerator and agent transport are the probe's, the same values
-// `kata-fsx env` reports for this configuration. It starts nothing.
-func (s *Sandbox) plan(ctx context.Context, spec Spec) (*host.Host, *hypervisor.VMConfig, agent.Transport, error) {
+// `kata-fsx env` reports for this configuration. It starts nothing: the
+// agent channel's resources (a vhost-vsock CID, the hybrid vsock device)
+// are startAgentChannel's.
+func (s *Sandbox) plan(ctx context.Context, spec Spec) (*host.Host, *hypervisor.VMConfig, error) {
 	cfg := s.cfg
 	h := host.Probe(ctx, cfg)
 	if h.QEMUErr != nil {
-		return nil, nil, nil, fmt.Errorf("sandbox %s: %w", spec.ID, h.QEMUErr)
+		return nil, nil, fmt.Errorf("sandbox %s: %w", spec.ID, h.QEMUErr)
 	}
 	lg := log.G(ctx).WithField("sandbox", spec.ID)
 	if h.Accel == hypervisor.AccelTCG && cfg.KataFSX.Accelerator != config.AccelTCG {
 		lg.Warnf("no KVM (%s): the guest runs under TCG, slowly", h.AccelReason)
 	}
 	if err := config.Validate(cfg, h.Facts()); err != nil {
-		return nil, nil, nil, fmt.Errorf("sandbox %s: configuration: %w", spec.ID, err)
+		return nil, nil, fmt.Errorf("sandbox %s: configuration: %w", spec.ID, err)
 	}
 	if h.TransportErr != nil {
-		return nil, nil, nil, fmt.Errorf("sandbox %s: %w", spec.ID, h.TransportErr)
+		return nil, nil, fmt.Errorf("sandbox %s: %w", spec.ID, h.TransportErr)
 	}
 	lg.Infof("agent transport %s: %s", h.Transport, h.TransportReason)
 	q := cfg.QEMU()
@@ -222,15 +235,34 @@ func (s *Sandbox) plan(ctx context.Context, spec Spec) (*host.Host, *hypervisor.
 		ConsoleLog:   filepath.Join(s.Dir, "console.log"),
 		HotplugSlots: 8,
 	}
-	if cfg.NeedsSharedMemory() || s.Decision.Backend == config.SharedFSImagefsBlk {
-		vmc.SharedMemory = hypervisor.SharedMemoryFile
-		if q.FileMemBackend != "" {
-			vmc.MemPath = q.FileMemBackend
-		}
+	// Hybrid vsock's device is a vhost-user backend like virtio-fs's and
+	// imagefs-blk's: it maps guest RAM.
+	if cfg.NeedsSharedMemory() || s.Decision.Backend == config.SharedFSImagefsBlk || h.Transport == config.TransportHybridVsock {
+		vmc.SharedMemory, vmc.MemPath = sharedMemory(h, q)
 	}
-	sock := AgentSocket(cfg, spec.ID)
-	vmc.Agent = hypervisor.AgentChannel{Transport: hypervisor.AgentSerial, SocketPath: sock}
-	return h, vmc, agent.SerialTransport{Path: sock}, nil
+	switch h.Transport {
+	case config.TransportVsock:
+		// The guest CID is claimed by startAgentChannel.
+		vmc.Agent = hypervisor.AgentChannel{Transport: hypervisor.AgentVsock}
+	case config.TransportHybridVsock:
+		vmc.Agent = hypervisor.AgentChannel{Transport: hypervisor.AgentHybridVsock, SocketPath: filepath.Join(s.Dir, vsockDir, "vhost.sock")}
+	default:
+		vmc.Agent = hypervisor.AgentChannel{Transport: hypervisor.AgentSerial, SocketPath: AgentSocket(cfg, spec.ID)}
+	}
+	return h, vmc, nil
+}
+
+// sharedMemory backs guest RAM the way Kata does, with a share=on file
+// under file_mem_backend or /dev/shm; a host without a usable /dev/shm
+// gets a memfd, which host.Probe counted as shared memory too.
+func sharedMemory(h *host.Host, q *config.QEMU) (hypervisor.SharedMemory, string) {
+	switch {
+	case q.FileMemBackend != "":
+		return hypervisor.SharedMemoryFile, q.FileMemBackend
+	case h.ShmErr != nil && h.Memfd:
+		return hypervisor.SharedMemoryMemfd, ""
+	}
+	return hypervisor.SharedMemoryFile, ""
 }
 
 // AgentSocket is the unix socket QEMU listens on for the virtio-serial
@@ -552,6 +584,17 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 	if s.vm != nil {
 		if err := s.vm.Stop(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("stop QEMU: %w", err))
+		}
+	}
+	// QEMU is gone: nothing uses the agent channel's device or CID any more.
+	if s.hybridVsock != nil {
+		if err := s.hybridVsock.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("stop the hybrid vsock device: %w", err))
+		}
+	}
+	if s.vhostVsock != nil {
+		if err := s.vhostVsock.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("release the vhost-vsock guest CID: %w", err))
 		}
 	}
 	if s.vfsd != nil {
