@@ -234,10 +234,13 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 		}
 		stopStreams()
 		copies.Wait()
-		// The agent channel takes one host connection at a time: hand it
-		// over to kata-fsx exec and keep the pod alive until told.
-		if err := sb.ReleaseAgent(); err != nil {
-			return code, err
+		// A virtio-serial channel takes one host connection at a time:
+		// hand it over to kata-fsx exec. Over vsock both can connect, and
+		// keeping ours lets Stop destroy the sandbox through the agent.
+		if _, serial := a.Transport().(agent.SerialTransport); serial {
+			if err := sb.ReleaseAgent(); err != nil {
+				return code, err
+			}
 		}
 		fmt.Fprintf(stderr, "kata-fsx run: --keep: the command exited with status %d; pod %s keeps running.\n"+
 			"  exec into it:  kata-fsx exec %s -- CMD [ARGS...]   (with the same --config)\n"+

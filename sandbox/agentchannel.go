@@ -15,6 +15,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/agent"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
+	"github.com/kata-fsx/kata-fsx/vsock"
 )
 
 // vsockDir is the sandbox subdirectory (0700) of the agent channel's
@@ -29,10 +30,6 @@ const hybridGuestCID = 3
 
 // maxSocketPath is sun_path's 108 bytes less the NUL.
 const maxSocketPath = 107
-
-// errHybridVsockNotMerged is startHybridVsock's answer until the vsock
-// device is merged.
-var errHybridVsockNotMerged = errors.New("hybrid vsock device not merged yet")
 
 // startAgentChannel acquires what the agent channel plan chose needs
 // before QEMU starts, completes vmc.Agent and returns the transport the
@@ -82,15 +79,8 @@ func (s *Sandbox) startAgentChannel(ctx context.Context, vmc *hypervisor.VMConfi
 // hybridSocket (the shim connects there with CONNECT <port>); the device
 // must listen before QEMU starts. The result is closed by Stop once QEMU
 // has exited.
-//
-// TODO(integration): once package github.com/kata-fsx/kata-fsx/vsock is
-// merged, replace the body with
-//
-//	return vsock.Serve(ctx, vhostSocket, hybridSocket, vsock.Options{GuestCID: hybridGuestCID, Logf: logf})
-//
-// (*vsock.Server has Close() error) and drop errHybridVsockNotMerged.
 func startHybridVsock(ctx context.Context, vhostSocket, hybridSocket string, logf func(format string, args ...any)) (io.Closer, error) {
-	return nil, fmt.Errorf("%w: set kata_fsx.agent_transport = %q to boot pods with kata-fsx's test agent meanwhile", errHybridVsockNotMerged, config.TransportVirtioSerial)
+	return vsock.Serve(ctx, vhostSocket, hybridSocket, vsock.Options{GuestCID: hybridGuestCID, Logf: logf})
 }
 
 // makeVsockDir creates the sandbox's vsock directory, private: its

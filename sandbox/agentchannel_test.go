@@ -48,22 +48,34 @@ func TestStopReleasesAgentChannel(t *testing.T) {
 	}
 }
 
-// TestStartAgentChannelHybridNotMerged: until the vsock device is merged,
-// a hybrid vsock pod is refused with a clear error, never quietly moved
-// to another transport; its directory is private already.
-func TestStartAgentChannelHybridNotMerged(t *testing.T) {
+// TestStartAgentChannelHybrid: the in-process device listens on both
+// sockets in the sandbox's private vsock directory before QEMU starts, and
+// Stop closes it.
+func TestStartAgentChannelHybrid(t *testing.T) {
 	s := bareSandbox(t)
-	vmc := &hypervisor.VMConfig{Agent: hypervisor.AgentChannel{Transport: hypervisor.AgentHybridVsock, SocketPath: filepath.Join(s.Dir, vsockDir, "vhost.sock")}}
+	vhost := filepath.Join(s.Dir, vsockDir, "vhost.sock")
+	vmc := &hypervisor.VMConfig{Agent: hypervisor.AgentChannel{Transport: hypervisor.AgentHybridVsock, SocketPath: vhost}}
 	tr, err := s.startAgentChannel(context.Background(), vmc)
-	if !errors.Is(err, errHybridVsockNotMerged) || tr != nil || !strings.Contains(err.Error(), "pod-1") {
-		t.Fatalf("transport %v, error %v", tr, err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr != (agent.HybridVsockTransport{Path: HybridVsockSocket(s.cfg, s.ID)}) || s.hybridVsock == nil {
+		t.Fatalf("transport %v, device %v", tr, s.hybridVsock)
 	}
 	fi, err := os.Stat(filepath.Join(s.Dir, vsockDir))
 	if err != nil || fi.Mode().Perm() != 0o700 {
 		t.Fatalf("vsock directory: %v, %v", fi, err)
 	}
-	if s.hybridVsock != nil {
-		t.Error("a device that failed to start is kept for Stop")
+	for _, p := range []string{vhost, HybridVsockSocket(s.cfg, s.ID)} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Type() != os.ModeSocket {
+			t.Errorf("%s: %v, %v", p, fi, err)
+		}
+	}
+	if err := s.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.Dir); !os.IsNotExist(err) {
+		t.Errorf("sandbox directory left: %v", err)
 	}
 }
 
