@@ -107,7 +107,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, defaultC
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o Options
-	backends := fs.String("backends", strings.Join(DefaultBackends(), ";"), "rows, separated by ';' (or ','): host, virtio-9p, virtio-fs[:cache=never|auto|always,threads=N,dax=MiB], imagefs-blk, virtio-blk; VM rows also take agent=vsock")
+	backends := fs.String("backends", strings.Join(DefaultBackends(), ";"), "rows, separated by ';' (or ','): host, virtio-9p, virtio-fs[:cache=never|auto|always,threads=N,dax=MiB], imagefs-blk, virtio-blk; VM rows also take agent=auto|vsock|hybrid-vsock|virtio-serial")
 	fs.StringVar(&o.ConfigPath, "config", "", "base configuration (default: the usual lookup)")
 	fs.StringVar(&o.Image, "image", "", "bench image root directory (test/fixtures/bench-image.sh builds one; make bench passes it)")
 	fs.StringVar(&o.Baseline, "baseline", "virtio-fs:cache=auto", "row the ratio chart and table compare against")
@@ -251,7 +251,7 @@ func (d *driver) probeHost(ctx context.Context) error {
 	if h.QEMUErr != nil {
 		return h.QEMUErr
 	}
-	d.caps = HostCaps{Root: os.Geteuid() == 0, DAX: h.QEMU.DAX, VhostVsock: h.Vsock, QEMUVersion: h.QEMU.VersionLine}
+	d.caps = HostCaps{Root: os.Geteuid() == 0, DAX: h.QEMU.DAX, QEMUVersion: h.QEMU.VersionLine}
 	d.host = map[string]string{
 		"cpus": fmt.Sprint(h.System.CPUs), "qemu": h.QEMU.VersionLine, "go": runtime.Version(),
 		"cpu": "unknown", "loadavg_start": LoadAvg(), "virtiofsd": "none configured",

@@ -5,9 +5,13 @@ import (
 	"encoding/json"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/config"
 )
 
 func TestParseRows(t *testing.T) {
@@ -26,7 +30,7 @@ func TestParseRows(t *testing.T) {
 	if r := rows[1]; r.Cache != "always" || r.Threads != 2 {
 		t.Fatalf("options not parsed: %+v", r)
 	}
-	if !rows[3].Vsock || rows[4].Cache != "auto" {
+	if rows[3].Agent != "vsock" || rows[4].Agent != "" || rows[4].Cache != "auto" {
 		t.Fatalf("agent or default cache: %+v %+v", rows[3], rows[4])
 	}
 	for _, bad := range []struct{ in, words string }{
@@ -62,12 +66,8 @@ func TestSkipReasons(t *testing.T) {
 		t.Fatalf("DAX with cache-size skipped: %q", why)
 	}
 	vs, _ := ParseRow("imagefs-blk:agent=vsock")
-	if why := vs.SkipReason(h); !strings.Contains(why, "/dev/vhost-vsock") {
-		t.Fatalf("vsock without the device: %q", why)
-	}
-	h.VhostVsock = true
-	if why := vs.SkipReason(h); !strings.Contains(why, "not wired") {
-		t.Fatalf("vsock with the device: %q", why)
+	if why := vs.SkipReason(h); why != "" {
+		t.Fatalf("a vsock row is skipped: %q (vsock falls back to hybrid vsock as in Kata)", why)
 	}
 	vfs, _ := ParseRow("virtio-fs")
 	if why := vfs.SkipReason(HostCaps{Root: true}); !strings.Contains(why, "virtiofsd") {
@@ -474,5 +474,33 @@ func reportHas(t *testing.T, md, want string) {
 	t.Helper()
 	if !strings.Contains(md, want) {
 		t.Errorf("report lacks %q:\n%s", want, md)
+	}
+}
+
+// TestRowConfigSetsTheAgentTransport: a row's agent= reaches the
+// configuration the row's pod loads, and a row without it keeps the base's.
+func TestRowConfigSetsTheAgentTransport(t *testing.T) {
+	dir := t.TempDir()
+	basePath := filepath.Join(dir, "base.toml")
+	if err := os.WriteFile(basePath, []byte("[hypervisor.qemu]\npath = \"/usr/bin/qemu-system-x86_64\"\n[kata_fsx]\nagent_transport = \"virtio-serial\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := &driver{base: &config.Config{Path: basePath}, accel: "tcg", aio: "threads", o: Options{VCPUs: 1, MemoryMiB: 512}}
+	for _, tc := range []struct{ row, want string }{{"imagefs-blk:agent=hybrid-vsock", "hybrid-vsock"}, {"imagefs-blk", "virtio-serial"}} {
+		r, err := ParseRow(tc.row)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path, err := d.rowConfig(filepath.Join(dir, strings.ReplaceAll(tc.row, ":", "_")), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := config.Load(path, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.KataFSX.AgentTransport != tc.want {
+			t.Errorf("row %s: agent_transport %q, want %q", tc.row, c.KataFSX.AgentTransport, tc.want)
+		}
 	}
 }

@@ -27,8 +27,9 @@ type Row struct {
 	Cache   string
 	Threads int
 	DAXMiB  int
-	// Vsock asks for the vsock agent transport.
-	Vsock bool
+	// Agent is the row's kata_fsx.agent_transport (auto, vsock,
+	// hybrid-vsock, virtio-serial); empty keeps the configuration's.
+	Agent string
 }
 
 // DefaultBackends is the matrix `kata-fsx bench` runs without --backends.
@@ -87,11 +88,10 @@ func ParseRow(spec string) (Row, error) {
 			r.DAXMiB = n
 		case k == "agent" && kind != KindHost:
 			switch v {
-			case "vsock":
-				r.Vsock = true
-			case "virtio-serial":
+			case "auto", "vsock", "hybrid-vsock", "virtio-serial":
+				r.Agent = v
 			default:
-				return r, fmt.Errorf("--backends %q: agent=%s: use vsock or virtio-serial", spec, v)
+				return r, fmt.Errorf("--backends %q: agent=%s: use auto, vsock, hybrid-vsock or virtio-serial", spec, v)
 			}
 		default:
 			return r, fmt.Errorf("--backends %q: option %q does not apply to %s (virtio-fs takes cache, threads, dax; VM rows take agent)", spec, k, kind)
@@ -154,7 +154,6 @@ func splitBackends(list string) []string {
 type HostCaps struct {
 	Root        bool
 	DAX         bool   // QEMU's vhost-user-fs-pci has cache-size
-	VhostVsock  bool   // /dev/vhost-vsock exists
 	Virtiofsd   string // the daemon's path, "" when none is configured or found
 	Accel       string // kvm or tcg
 	QEMUVersion string
@@ -164,12 +163,6 @@ type HostCaps struct {
 func (r Row) SkipReason(h HostCaps) string {
 	if !h.Root {
 		return "needs root (VMs with vhost-user devices, mounts, drop_caches)"
-	}
-	if r.Vsock {
-		if !h.VhostVsock {
-			return "vsock agent transport: /dev/vhost-vsock is absent on this host (modprobe vhost_vsock)"
-		}
-		return "vsock agent transport: not wired into kata-fsx yet (the agent is reached over virtio-serial)"
 	}
 	switch r.Kind {
 	case KindVirtioFS:

@@ -399,8 +399,11 @@ func (d *driver) rowConfig(dir string, r Row) (string, error) {
 		}
 		fmt.Fprintf(&t, "virtio_fs_extra_args = [\"--thread-pool-size=%d\"]\n", threads)
 	}
-	fmt.Fprintf(&t, "[kata_fsx]\naccelerator = %q\nstate_dir = %q\n[kata_fsx.imagefs_blk]\nstate_dir = %q\n",
-		d.accel, filepath.Join(dir, "run"), filepath.Join(dir, "blk"))
+	fmt.Fprintf(&t, "[kata_fsx]\naccelerator = %q\nstate_dir = %q\n", d.accel, filepath.Join(dir, "run"))
+	if r.Agent != "" {
+		fmt.Fprintf(&t, "agent_transport = %q\n", r.Agent)
+	}
+	fmt.Fprintf(&t, "[kata_fsx.imagefs_blk]\nstate_dir = %q\n", filepath.Join(dir, "blk"))
 	// zz sorts after the base's drop-ins, so the row's settings win.
 	if err := os.WriteFile(filepath.Join(drop, "zz-bench.toml"), []byte(t.String()), 0o644); err != nil {
 		return "", err
