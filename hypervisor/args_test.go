@@ -15,7 +15,7 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden from the curr
 
 // testCaps is a Debian-7.2-like capability set, fixed so goldens do not depend on the host QEMU.
 func testCaps(dax bool) *Caps {
-	devs := []string{"pci-bridge", "vhost-user-blk-pci", "vhost-user-fs-pci", "vhost-vsock-pci", "virtio-9p-pci", "virtio-blk-pci", "virtio-serial-pci", "virtconsole", "virtserialport"}
+	devs := []string{"nvdimm", "pci-bridge", "vhost-user-blk-pci", "vhost-user-fs-pci", "vhost-vsock-pci", "virtio-9p-pci", "virtio-blk-pci", "virtio-serial-pci", "virtconsole", "virtserialport"}
 	sort.Strings(devs)
 	return &Caps{
 		Path:     "/usr/bin/qemu-system-x86_64",
@@ -42,6 +42,10 @@ func baseVM() *VMConfig {
 		Agent:        AgentChannel{Transport: AgentSerial, SocketPath: "/run/kata-fsx/vm/agent.sock"},
 		HotplugSlots: 8,
 	}
+}
+
+func testImage(virtioBlk bool) *RootImage {
+	return &RootImage{Path: "/usr/share/kata-containers/kata-containers.img", Size: 128 << 20, VirtioBlk: virtioBlk}
 }
 
 func fsDev() *VhostUserFS {
@@ -85,6 +89,30 @@ func goldenCases() map[string]func(vm *VMConfig) {
 		},
 		"virtio_blk_raw": func(vm *VMConfig) {
 			vm.Devices = []Device{&VirtioBlk{ID: "disk0", Path: "/var/lib/kata-fsx/img.raw", Cache: "none", AIO: "native", ReadOnly: true}}
+		},
+		// The image on an nvdimm beside guest RAM shared for a vhost-user
+		// disk: memory-backend-file share=on + -numa for RAM, the image's
+		// own read-only backend for the nvdimm, -m with Kata's slots/maxmem.
+		"image_nvdimm_shared_memory": func(vm *VMConfig) {
+			vm.Initrd = ""
+			vm.Image = testImage(false)
+			vm.MemorySlots, vm.MaxMemoryMiB = 10, 24*1024+1024
+			vm.Devices = []Device{&VhostUserBlk{ID: "rootfs-c1", SocketPath: "/run/kata-fsx/vm/blk-c1.sock"}}
+		},
+		"image_nvdimm_memfd_debug": func(vm *VMConfig) {
+			vm.Initrd = ""
+			vm.Image = testImage(false)
+			vm.SharedMemory = SharedMemoryMemfd
+			vm.MemorySlots, vm.MaxMemoryMiB = 10, 4096
+			vm.Debug = true
+			vm.Devices = []Device{fsDev()}
+		},
+		// disable_image_nvdimm: a read-only virtio-blk disk, first of the
+		// disks so that it is vda.
+		"image_virtio_blk": func(vm *VMConfig) {
+			vm.Initrd = ""
+			vm.Image = testImage(true)
+			vm.Devices = []Device{&VhostUserBlk{ID: "rootfs-c1", SocketPath: "/run/kata-fsx/vm/blk-c1.sock"}}
 		},
 		"all_devices_hotmem": func(vm *VMConfig) {
 			vm.MemorySlots, vm.MaxMemoryMiB = 10, 8192
@@ -289,6 +317,37 @@ func TestBuildErrors(t *testing.T) {
 		}, ErrInvalidConfig},
 		"relative_kernel":    {func(vm *VMConfig) { vm.Kernel = "vmlinux" }, ErrInvalidConfig},
 		"mempath_with_memfd": {func(vm *VMConfig) { vm.SharedMemory = SharedMemoryMemfd; vm.MemPath = "/dev/shm" }, ErrInvalidConfig},
+		"image_and_initrd": {func(vm *VMConfig) {
+			vm.Image = testImage(true)
+		}, ErrInvalidConfig},
+		"image_no_kernel": {func(vm *VMConfig) {
+			vm.Kernel, vm.Initrd = "", ""
+			vm.Image = testImage(true)
+		}, ErrInvalidConfig},
+		"image_relative_path": {func(vm *VMConfig) {
+			vm.Initrd = ""
+			vm.Image = &RootImage{Path: "kata-containers.img", VirtioBlk: true}
+		}, ErrInvalidConfig},
+		"image_nvdimm_no_slots": {func(vm *VMConfig) {
+			vm.Initrd = ""
+			vm.Image = testImage(false)
+		}, ErrInvalidConfig},
+		"image_nvdimm_no_room": {func(vm *VMConfig) {
+			vm.Initrd = ""
+			vm.Image = testImage(false)
+			vm.MemorySlots, vm.MaxMemoryMiB = 10, 2048+127
+		}, ErrInvalidConfig},
+		"image_nvdimm_unaligned": {func(vm *VMConfig) {
+			vm.Initrd = ""
+			vm.Image = &RootImage{Path: "/img", Size: 1000}
+			vm.MemorySlots, vm.MaxMemoryMiB = 10, 4096
+		}, ErrInvalidConfig},
+		"image_nvdimm_unsupported": {func(vm *VMConfig) {
+			vm.Initrd = ""
+			vm.Caps.Devices = []string{"pci-bridge", "virtio-serial-pci"}
+			vm.Image = testImage(false)
+			vm.MemorySlots, vm.MaxMemoryMiB = 10, 4096
+		}, ErrInvalidConfig},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
