@@ -40,7 +40,7 @@ var kataIgnored = []struct{ key, inert, reason string }{
 	{"hypervisor.qemu.seccompsandbox", `""`, "QEMU runs without -sandbox"},
 	{"hypervisor.qemu.default_maxvcpus", `0`, "no vCPU hot-plug: the VM has default_vcpus, no more"},
 	{"hypervisor.qemu.default_bridges", `1`, "the VM always has one PCI bridge, for hot-plugged disks"},
-	{"hypervisor.qemu.memory_slots", `10`, "no memory hot-plug"},
+	{"hypervisor.qemu.memory_slots", `10`, "no memory hot-plug: the slots only hold a guest image's nvdimm"},
 	{"hypervisor.qemu.default_maxmemory", `0`, "no memory hot-plug: the VM has default_memory, no more"},
 	{"hypervisor.qemu.memory_offset", `0`, "no memory hot-plug"},
 	{"hypervisor.qemu.enable_virtio_mem", `false`, "no virtio-mem device"},
