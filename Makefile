@@ -34,6 +34,7 @@ $(BUILD)/configuration.toml: configuration.toml.in Makefile
 	sed -e 's|@QEMUPATH@|$(QEMUPATH)|g' \
 	    -e 's|@KERNELPATH@|$(KERNELPATH)|g' \
 	    -e 's|@INITRDPATH@|$(INITRDPATH)|g' \
+	    -e 's|@GUESTDIR@|$(GUESTDIR)|g' \
 	    -e 's|@VIRTIOFSDPATH@|$(VIRTIOFSD)|g' \
 	    -e 's|@RUNDIR@|$(RUNDIR)|g' \
 	    -e 's|@STATEDIR@|$(STATEDIR)|g' $< > $@.tmp
