@@ -58,15 +58,24 @@ func boot() error {
 		}
 	}
 	logRoot()
+	_, err := os.Stat(modulesList)
+	haveModules := !errors.Is(err, fs.ErrNotExist)
+	if !haveModules {
+		log.Printf("no %s: the kernel has its drivers built in", modulesList)
+	}
 	a := newAgent()
 	channels := make(chan struct{})
 	go func() {
 		err := loadModules(modulesList, func() {
-			log.Printf("channel modules loaded %s after /init started", time.Since(start).Round(time.Millisecond))
+			if haveModules {
+				log.Printf("channel modules loaded %s after /init started", time.Since(start).Round(time.Millisecond))
+			}
 			close(channels)
 		})
 		if err == nil {
-			log.Printf("all modules loaded %s after /init started", time.Since(start).Round(time.Millisecond))
+			if haveModules {
+				log.Printf("all modules loaded %s after /init started", time.Since(start).Round(time.Millisecond))
+			}
 		} else {
 			log.Printf("%v", err)
 		}
