@@ -91,7 +91,7 @@ guest:
 
 # The test guest as Kata boots its own: a kernel with every pod driver built
 # in (vmlinux-kata, Kata's vmlinux.container, from Debian's linux-source
-# package; about half an hour on 2 cores the first time, then cached) and
+# package; 30 CPU-minutes, 16-35 min on 2 cores the first time, then cached) and
 # a root filesystem image (kata-containers.img) with the test agent as
 # /sbin/init, booted with `image =` and no initrd. Both scripts skip the
 # work when their inputs are unchanged.
