@@ -390,8 +390,10 @@ func validateVM(vm *VMConfig) error {
 			return err
 		}
 	}
-	ids := map[string]bool{bridgeID: true, "serial0": true, "channel0": true, "console0": true, "virtio-serial-console": true, fmt.Sprintf("vsock-%d", vm.Agent.GuestCID): true,
-		imageMemID: true, imageNVDIMMID: true, imageDiskID: true}
+	ids := map[string]bool{bridgeID: true, "serial0": true, "channel0": true, "console0": true, "virtio-serial-console": true, fmt.Sprintf("vsock-%d", vm.Agent.GuestCID): true}
+	for _, id := range []string{imageMemID, imageNVDIMMID, imageDiskID} {
+		ids[id] = true
+	}
 	for i, d := range vm.Devices {
 		if d == nil {
 			return invalid("device %d is nil", i)

@@ -317,6 +317,9 @@ func TestBuildErrors(t *testing.T) {
 		}, ErrInvalidConfig},
 		"relative_kernel":    {func(vm *VMConfig) { vm.Kernel = "vmlinux" }, ErrInvalidConfig},
 		"mempath_with_memfd": {func(vm *VMConfig) { vm.SharedMemory = SharedMemoryMemfd; vm.MemPath = "/dev/shm" }, ErrInvalidConfig},
+		"device_named_like_the_image": {func(vm *VMConfig) {
+			vm.Devices = []Device{&VirtioBlk{ID: "image0", Path: "/img"}}
+		}, ErrInvalidConfig},
 		"image_and_initrd": {func(vm *VMConfig) {
 			vm.Image = testImage(true)
 		}, ErrInvalidConfig},
