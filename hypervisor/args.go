@@ -439,6 +439,9 @@ func validateImage(vm *VMConfig) error {
 	if img.VirtioBlk {
 		return needDevice(vm, "virtio-blk-pci")
 	}
+	if img.Size > maxMemoryMiB*mib {
+		return invalid("image %q is %d bytes: an nvdimm image above %d MiB is surely a mistake", img.Path, img.Size, uint64(maxMemoryMiB))
+	}
 	if img.Size == 0 || img.Size%4096 != 0 {
 		return invalid("image %q is %d bytes: an nvdimm needs a non-empty multiple of 4 KiB (Kata's images are multiples of 128 MiB)", img.Path, img.Size)
 	}

@@ -441,6 +441,9 @@ func FuzzBuild(f *testing.F) {
 	f.Add("sandbox-1", uint64(2048), uint32(2), uint32(1024), uint64(0), "/run/fs.sock", "kataShared", "quiet", "q35", 4, uint8(0))
 	f.Add("a,b", uint64(0), uint32(0), uint32(1000), uint64(4096), "rel.sock", "", "a b", "pc", 40, uint8(3))
 	f.Add("x", uint64(1<<40), uint32(1), uint32(0), uint64(1<<63), "/"+strings.Repeat("s", 200), "tag,with,commas", "", "microvm", -1, uint8(1))
+	// A 1 MiB image (and DAX window) on an nvdimm, then on virtio-blk.
+	f.Add("img", uint64(512), uint32(1), uint32(1024), uint64(1), "/run/fs.sock", "kataShared", "quiet", "q35", 4, uint8(5))
+	f.Add("img", uint64(512), uint32(1), uint32(1024), uint64(1), "/run/fs.sock", "kataShared", "quiet", "pc", 4, uint8(9))
 	f.Fuzz(func(t *testing.T, name string, mem uint64, vcpus, queue uint32, dax uint64, sock, tag, param, machine string, slots int, shared uint8) {
 		vm := baseVM()
 		vm.Caps = testCaps(dax%2 == 1)
@@ -450,6 +453,17 @@ func FuzzBuild(f *testing.F) {
 		vm.Devices = []Device{
 			&VhostUserFS{ID: "fs0", SocketPath: sock, Tag: tag, QueueSize: queue, DAXWindowMiB: dax},
 			&VirtioBlk{ID: "d0", Path: sock},
+		}
+		// The upper bits of shared pick a guest image: none, on an
+		// nvdimm (sized by dax, in MiB when small) or on virtio-blk.
+		imageMode := (shared / 4) % 3
+		if imageMode > 0 {
+			vm.Initrd = ""
+			vm.Image = &RootImage{Path: sock, Size: dax, VirtioBlk: imageMode == 2}
+			if dax < 1<<20 {
+				vm.Image.Size = dax << 20
+			}
+			vm.MemorySlots, vm.MaxMemoryMiB = 10, mem+dax
 		}
 		p, err := Build(vm)
 		if err != nil {
@@ -463,6 +477,20 @@ func FuzzBuild(f *testing.F) {
 		}
 		if p.PCIPaths["fs0"] == "" || p.PCIPaths["d0"] == "" || p.PCIPaths["fs0"] == p.PCIPaths["d0"] {
 			t.Fatalf("PCI paths %v", p.PCIPaths)
+		}
+		args := strings.Join(p.Args, " ")
+		switch imageMode {
+		case 1:
+			if !strings.Contains(args, "nvdimm=on") || !strings.Contains(args, "root=/dev/pmem0p1 ") || !strings.Contains(args, ",slots=") {
+				t.Fatalf("nvdimm image accepted without its machine option, root or memory slots: %v", p.Args)
+			}
+		case 2:
+			if p.PCIPaths["image0"] == "" || p.PCIPaths["image0"] >= p.PCIPaths["d0"] || !strings.Contains(args, "root=/dev/vda1 ") {
+				t.Fatalf("virtio-blk image not the first disk or without its root: %v %v", p.PCIPaths, p.Args)
+			}
+		}
+		if imageMode > 0 && strings.Contains(args, "-initrd") {
+			t.Fatalf("image and initrd both booted: %v", p.Args)
 		}
 	})
 }
