@@ -184,7 +184,11 @@ func hostChecks(c *config.Config, h *host.Host) []checkLine {
 			continue
 		default:
 			if fi, err := os.Stat(p.path); err != nil {
-				add(fail, p.key, fmt.Sprintf("hypervisor.qemu.%s = %s: %v", p.key, p.path, err), "run 'make guest' or fix the path")
+				fix := "run 'make guest' or fix the path"
+				if p.key != "initrd" {
+					fix = "run 'make guest-image' (kata-fsx's test kernel and image) or fix the path"
+				}
+				add(fail, p.key, fmt.Sprintf("hypervisor.qemu.%s = %s: %v", p.key, p.path, err), fix)
 			} else {
 				add(pass, p.key, fmt.Sprintf("%s (%d bytes)", p.path, fi.Size()), "")
 			}

@@ -183,7 +183,7 @@ func TestValidateErrorsNameTheKey(t *testing.T) {
 		}, "hypervisor.qemu.default_memory", "/dev/shm"},
 		{"block aio", func(c *Config, h *HostFacts) { c.QEMU().BlockDeviceAIO = "posix" }, "hypervisor.qemu.block_device_aio", "unknown aio mode"},
 		{"native aio without O_DIRECT", func(c *Config, h *HostFacts) { c.QEMU().BlockDeviceAIO = "native" }, "hypervisor.qemu.block_device_aio", "needs O_DIRECT"},
-		{"image and initrd", func(c *Config, h *HostFacts) { c.QEMU().Image = "/img" }, "hypervisor.qemu.initrd", "image and an initrd"},
+		{"image and initrd", func(c *Config, h *HostFacts) { c.QEMU().Image = "/img" }, "hypervisor.qemu.initrd", `cannot set both image and initrd at the same time (hypervisor.qemu.image = "/img")`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

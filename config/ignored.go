@@ -29,10 +29,8 @@ func (k IgnoredKey) String() string {
 // where the comment says otherwise) and why the key is not honoured. A key
 // is reported only when a file sets it to another value.
 var kataIgnored = []struct{ key, inert, reason string }{
-	// kata-fsx boots kernel plus initrd; Kata's absent-key default is its image path.
-	{"hypervisor.qemu.image", `""`, "a guest rootfs image is not booted; set initrd"},
-	{"hypervisor.qemu.rootfs_type", `"ext4"`, "only a guest rootfs image has a filesystem type, and none is booted"},
-	{"hypervisor.qemu.disable_image_nvdimm", `false`, "only a guest rootfs image goes on an nvdimm, and none is booted"},
+	// image and disable_image_nvdimm are honoured; an image's root is always ext4.
+	{"hypervisor.qemu.rootfs_type", `"ext4"`, "a guest image is always booted as ext4 (rootfstype=ext4)"},
 	{"hypervisor.qemu.rootless", `false`, "QEMU runs as the shim's user, never as a dedicated unprivileged user"},
 	{"hypervisor.qemu.firmware", `""`, "QEMU's built-in firmware is used"},
 	{"hypervisor.qemu.firmware_volume", `""`, "QEMU's built-in firmware is used"},
@@ -42,7 +40,7 @@ var kataIgnored = []struct{ key, inert, reason string }{
 	{"hypervisor.qemu.seccompsandbox", `""`, "QEMU runs without -sandbox"},
 	{"hypervisor.qemu.default_maxvcpus", `0`, "no vCPU hot-plug: the VM has default_vcpus, no more"},
 	{"hypervisor.qemu.default_bridges", `1`, "the VM always has one PCI bridge, for hot-plugged disks"},
-	{"hypervisor.qemu.memory_slots", `10`, "no memory hot-plug"},
+	{"hypervisor.qemu.memory_slots", `10`, "no memory hot-plug: the slots only hold a guest image's nvdimm"},
 	{"hypervisor.qemu.default_maxmemory", `0`, "no memory hot-plug: the VM has default_memory, no more"},
 	{"hypervisor.qemu.memory_offset", `0`, "no memory hot-plug"},
 	{"hypervisor.qemu.enable_virtio_mem", `false`, "no virtio-mem device"},

@@ -102,7 +102,6 @@ func TestKataStockConfigIgnoredKeys(t *testing.T) {
 		`hypervisor.qemu.block_device_driver = "virtio-scsi"`,
 		`hypervisor.qemu.cpu_features = "pmu=off"`,
 		`hypervisor.qemu.disable_block_device_use = true`,
-		`hypervisor.qemu.image = "/usr/share/kata-containers/kata-containers.img"`,
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("ignored keys of Kata's stock file:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -175,5 +174,28 @@ func TestOwnConfigurationIgnoresNothing(t *testing.T) {
 	}
 	for _, k := range c.Ignored {
 		t.Errorf("configuration.toml.in sets an ignored key: %s", k)
+	}
+}
+
+// TestImageKeysRead holds that Kata's image keys are read, not reported
+// as ignored: kata-fsx boots the image.
+func TestImageKeysRead(t *testing.T) {
+	p := writeFile(t, filepath.Join(t.TempDir(), "c.toml"), "[hypervisor.qemu]\nkernel = \"/k\"\nimage = \"/usr/share/kata-containers/kata-containers.img\"\ndisable_image_nvdimm = true\nrootfs_type = \"ext4\"\n", 0o644)
+	c, err := LoadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := c.QEMU(); q.Image != "/usr/share/kata-containers/kata-containers.img" || !q.DisableImageNvdimm {
+		t.Fatalf("image keys not read: image %q disable_image_nvdimm %v", q.Image, q.DisableImageNvdimm)
+	}
+	if len(c.Ignored) != 0 {
+		t.Fatalf("ignored: %v", c.Ignored)
+	}
+	p = writeFile(t, filepath.Join(t.TempDir(), "c.toml"), "[hypervisor.qemu]\nrootfs_type = \"erofs\"\n", 0o644)
+	if c, err = LoadFile(p); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Ignored) != 1 || c.Ignored[0].Key != "hypervisor.qemu.rootfs_type" {
+		t.Fatalf("rootfs_type erofs: %v", c.Ignored)
 	}
 }

@@ -116,8 +116,10 @@ func Validate(c *Config, host HostFacts) error {
 			Fix: "set a number: 0 for Kata's default of 1, a negative value for all host CPUs"})
 	}
 	if q.Image != "" && q.Initrd != "" {
-		add(&Error{Key: "hypervisor.qemu.initrd", Value: q.Initrd, Problem: "cannot specify an image and an initrd",
-			Fix: "remove one of image and initrd"})
+		// Kata's words (virtcontainers: conflictingAssets).
+		add(&Error{Key: "hypervisor.qemu.initrd", Value: q.Initrd,
+			Problem: fmt.Sprintf("cannot set both image and initrd at the same time (hypervisor.qemu.image = %q)", q.Image),
+			Fix:     "remove hypervisor.qemu.image to boot the initrd, or hypervisor.qemu.initrd to boot the image"})
 	}
 	if c.AgentKata().DialTimeout == 0 {
 		add(&Error{Key: "agent.kata.dial_timeout", Value: "0", Problem: "the agent would never be reached", Fix: "set it in seconds, e.g. 45"})

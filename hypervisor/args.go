@@ -26,6 +26,11 @@ const (
 	bridgeID = "pci-bridge-0"
 	// maxBridgeSlots: slot 0 of a pci-bridge is left empty, as Kata does, leaving 1..31.
 	maxBridgeSlots = 31
+	// The guest image's QEMU ids, Kata's: its nvdimm backend and device, or its virtio-blk disk.
+	imageMemID    = "mem0"
+	imageNVDIMMID = "nv0"
+	imageDiskID   = "image0"
+	mib           = 1 << 20
 )
 
 // kataKernelParams are the parameters Kata passes on x86_64 to make a VM guest boot fast and quietly reboot-free.
@@ -83,7 +88,11 @@ func Build(vm *VMConfig) (*Plan, error) {
 	if vm.UUID != "" {
 		b.add("-uuid", vm.UUID)
 	}
-	b.add("-machine", machineOf(vm)+",accel="+string(accel))
+	machine := machineOf(vm) + ",accel=" + string(accel)
+	if imageOnNVDIMM(vm) {
+		machine += ",nvdimm=on"
+	}
+	b.add("-machine", machine)
 	if accel == AccelKVM {
 		b.add("-cpu", "host")
 	} else {
@@ -106,6 +115,14 @@ func Build(vm *VMConfig) (*Plan, error) {
 	case SharedMemoryMemfd:
 		b.add("-object", fmt.Sprintf("memory-backend-memfd,id=dimm1,size=%dM,share=on", vm.MemoryMiB))
 		b.add("-numa", "node,memdev=dimm1")
+	}
+	if imageOnNVDIMM(vm) {
+		// Kata's appendNvdimmImage: the image file mapped read-only as an
+		// nvdimm outside guest RAM (in the -m slots/maxmem area), so it
+		// coexists with the shared RAM backend above; unarmed tells the
+		// guest it cannot write it.
+		b.add("-object", fmt.Sprintf("memory-backend-file,id=%s,mem-path=%s,size=%d,readonly=on", imageMemID, escapeOpt(vm.Image.Path), vm.Image.Size))
+		b.add("-device", fmt.Sprintf("nvdimm,id=%s,memdev=%s,unarmed=on", imageNVDIMMID, imageMemID))
 	}
 	b.add("-rtc", "base=utc,driftfix=slew,clock=host")
 	b.add("-nographic", "-nodefaults", "-no-user-config", "-no-reboot")
@@ -149,6 +166,17 @@ func Build(vm *VMConfig) (*Plan, error) {
 		return nil, err
 	}
 
+	// The image disk goes before the other disks, so the guest names it vda
+	// (root=/dev/vda1) whatever else is cold-plugged.
+	if img := imageDisk(vm); img != nil {
+		loc, err := bus.next(img.ID)
+		if err != nil {
+			return nil, err
+		}
+		b.add(img.args(loc)...)
+		b.plan.PCIPaths[img.ID] = loc.path
+	}
+
 	for _, d := range vm.Devices {
 		loc, err := bus.next(d.DeviceID())
 		if err != nil {
@@ -178,13 +206,50 @@ func kernelCmdline(vm *VMConfig, console ConsoleKind) string {
 		params = append(params, "console=ttyS0")
 	}
 	params = append(params, "panic=1", fmt.Sprintf("nr_cpus=%d", vm.VCPUs))
+	params = append(params, imageRootParams(vm)...)
 	if vm.Debug {
 		params = append(params, "debug", "agent.log=debug")
 	} else {
 		params = append(params, "quiet")
 	}
+	if vm.Image != nil {
+		// Kata adds these for every image guest (a systemd image boots
+		// with them); an agent-as-init image ignores them.
+		if vm.Debug {
+			params = append(params, "systemd.show_status=true", "systemd.log_level=debug")
+		} else {
+			params = append(params, "systemd.show_status=false")
+		}
+	}
 	params = append(params, vm.KernelParams...)
 	return strings.Join(params, " ")
+}
+
+// imageRootParams are Kata's GetKernelRootParams for an ext4 image: the
+// first partition of the nvdimm, mounted with DAX, or of the virtio-blk
+// disk; read-only either way.
+func imageRootParams(vm *VMConfig) []string {
+	switch {
+	case vm.Image == nil:
+		return nil
+	case vm.Image.VirtioBlk:
+		return []string{"root=/dev/vda1", "rootflags=data=ordered,errors=remount-ro", "ro", "rootfstype=ext4"}
+	default:
+		return []string{"root=/dev/pmem0p1", "rootflags=dax,data=ordered,errors=remount-ro", "ro", "rootfstype=ext4"}
+	}
+}
+
+func imageOnNVDIMM(vm *VMConfig) bool { return vm.Image != nil && !vm.Image.VirtioBlk }
+
+// imageDisk is the read-only virtio-blk disk of an image booted with
+// disable_image_nvdimm, or nil. Its cache mode is Kata's default for block
+// devices (block_device_cache_direct = false: the host page cache, which
+// also works where O_DIRECT does not, e.g. on tmpfs).
+func imageDisk(vm *VMConfig) *VirtioBlk {
+	if vm.Image == nil || !vm.Image.VirtioBlk {
+		return nil
+	}
+	return &VirtioBlk{ID: imageDiskID, Path: vm.Image.Path, Format: "raw", Cache: "writeback", ReadOnly: true}
 }
 
 type argBuilder struct {
@@ -249,6 +314,9 @@ func validateVM(vm *VMConfig) error {
 	if vm.Initrd != "" && vm.Kernel == "" {
 		return invalid("initrd %q given without a kernel", vm.Initrd)
 	}
+	if err := validateImage(vm); err != nil {
+		return err
+	}
 	for _, f := range []struct{ what, path string }{{"kernel", vm.Kernel}, {"initrd", vm.Initrd}, {"console log", vm.ConsoleLog}, {"mem path", vm.MemPath}} {
 		if f.path != "" {
 			if err := checkFilePath(f.what, f.path); err != nil {
@@ -294,6 +362,9 @@ func validateVM(vm *VMConfig) error {
 		}
 	}
 	ids := map[string]bool{bridgeID: true, "serial0": true, "channel0": true, "console0": true, "virtio-serial-console": true, vsockDeviceID(vm.Agent.GuestCID): true, hybridVsockID: true}
+	for _, id := range []string{imageMemID, imageNVDIMMID, imageDiskID} {
+		ids[id] = true
+	}
 	for i, d := range vm.Devices {
 		if d == nil {
 			return invalid("device %d is nil", i)
@@ -317,6 +388,39 @@ func validateVM(vm *VMConfig) error {
 		}
 	}
 	return nil
+}
+
+// validateImage checks the guest image against Kata's rules (image and
+// initrd exclusive) and QEMU's (an nvdimm lives in the hot-plug memory area
+// of -m slots/maxmem, which must have room for it).
+func validateImage(vm *VMConfig) error {
+	img := vm.Image
+	if img == nil {
+		return nil
+	}
+	if vm.Initrd != "" {
+		return invalid("image %q and initrd %q: cannot set both image and initrd at the same time", img.Path, vm.Initrd)
+	}
+	if vm.Kernel == "" {
+		return invalid("image %q given without a kernel", img.Path)
+	}
+	if err := checkFilePath("image", img.Path); err != nil {
+		return err
+	}
+	if img.VirtioBlk {
+		return needDevice(vm, "virtio-blk-pci")
+	}
+	if img.Size > maxMemoryMiB*mib {
+		return invalid("image %q is %d bytes: an nvdimm image above %d MiB is surely a mistake", img.Path, img.Size, uint64(maxMemoryMiB))
+	}
+	if img.Size == 0 || img.Size%4096 != 0 {
+		return invalid("image %q is %d bytes: an nvdimm needs a non-empty multiple of 4 KiB (Kata's images are multiples of 128 MiB)", img.Path, img.Size)
+	}
+	need := vm.MemoryMiB + (img.Size+mib-1)/mib
+	if vm.MemorySlots == 0 || vm.MaxMemoryMiB < need {
+		return invalid("image %q on an nvdimm needs memory slots and a max memory of at least memory + image (%d MiB), have %d slots and %d MiB", img.Path, need, vm.MemorySlots, vm.MaxMemoryMiB)
+	}
+	return needDevice(vm, "nvdimm")
 }
 
 func needDevice(vm *VMConfig, driver string) error {

@@ -15,7 +15,7 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden from the curr
 
 // testCaps is a Debian-7.2-like capability set, fixed so goldens do not depend on the host QEMU.
 func testCaps(dax bool) *Caps {
-	devs := []string{"pci-bridge", "vhost-user-blk-pci", "vhost-user-fs-pci", "vhost-user-vsock-pci", "vhost-vsock-pci", "virtio-9p-pci", "virtio-blk-pci", "virtio-serial-pci", "virtconsole", "virtserialport"}
+	devs := []string{"nvdimm", "pci-bridge", "vhost-user-blk-pci", "vhost-user-fs-pci", "vhost-user-vsock-pci", "vhost-vsock-pci", "virtio-9p-pci", "virtio-blk-pci", "virtio-serial-pci", "virtconsole", "virtserialport"}
 	sort.Strings(devs)
 	return &Caps{
 		Path:     "/usr/bin/qemu-system-x86_64",
@@ -42,6 +42,10 @@ func baseVM() *VMConfig {
 		Agent:        AgentChannel{Transport: AgentSerial, SocketPath: "/run/kata-fsx/vm/agent.sock"},
 		HotplugSlots: 8,
 	}
+}
+
+func testImage(virtioBlk bool) *RootImage {
+	return &RootImage{Path: "/usr/share/kata-containers/kata-containers.img", Size: 128 << 20, VirtioBlk: virtioBlk}
 }
 
 func fsDev() *VhostUserFS {
@@ -88,6 +92,30 @@ func goldenCases() map[string]func(vm *VMConfig) {
 		},
 		"virtio_blk_raw": func(vm *VMConfig) {
 			vm.Devices = []Device{&VirtioBlk{ID: "disk0", Path: "/var/lib/kata-fsx/img.raw", Cache: "none", AIO: "native", ReadOnly: true}}
+		},
+		// The image on an nvdimm beside guest RAM shared for a vhost-user
+		// disk: memory-backend-file share=on + -numa for RAM, the image's
+		// own read-only backend for the nvdimm, -m with Kata's slots/maxmem.
+		"image_nvdimm_shared_memory": func(vm *VMConfig) {
+			vm.Initrd = ""
+			vm.Image = testImage(false)
+			vm.MemorySlots, vm.MaxMemoryMiB = 10, 24*1024+1024
+			vm.Devices = []Device{&VhostUserBlk{ID: "rootfs-c1", SocketPath: "/run/kata-fsx/vm/blk-c1.sock"}}
+		},
+		"image_nvdimm_memfd_debug": func(vm *VMConfig) {
+			vm.Initrd = ""
+			vm.Image = testImage(false)
+			vm.SharedMemory = SharedMemoryMemfd
+			vm.MemorySlots, vm.MaxMemoryMiB = 10, 4096
+			vm.Debug = true
+			vm.Devices = []Device{fsDev()}
+		},
+		// disable_image_nvdimm: a read-only virtio-blk disk, first of the
+		// disks so that it is vda.
+		"image_virtio_blk": func(vm *VMConfig) {
+			vm.Initrd = ""
+			vm.Image = testImage(true)
+			vm.Devices = []Device{&VhostUserBlk{ID: "rootfs-c1", SocketPath: "/run/kata-fsx/vm/blk-c1.sock"}}
 		},
 		"all_devices_hotmem": func(vm *VMConfig) {
 			vm.MemorySlots, vm.MaxMemoryMiB = 10, 8192
@@ -292,6 +320,40 @@ func TestBuildErrors(t *testing.T) {
 		}, ErrInvalidConfig},
 		"relative_kernel":    {func(vm *VMConfig) { vm.Kernel = "vmlinux" }, ErrInvalidConfig},
 		"mempath_with_memfd": {func(vm *VMConfig) { vm.SharedMemory = SharedMemoryMemfd; vm.MemPath = "/dev/shm" }, ErrInvalidConfig},
+		"device_named_like_the_image": {func(vm *VMConfig) {
+			vm.Devices = []Device{&VirtioBlk{ID: "image0", Path: "/img"}}
+		}, ErrInvalidConfig},
+		"image_and_initrd": {func(vm *VMConfig) {
+			vm.Image = testImage(true)
+		}, ErrInvalidConfig},
+		"image_no_kernel": {func(vm *VMConfig) {
+			vm.Kernel, vm.Initrd = "", ""
+			vm.Image = testImage(true)
+		}, ErrInvalidConfig},
+		"image_relative_path": {func(vm *VMConfig) {
+			vm.Initrd = ""
+			vm.Image = &RootImage{Path: "kata-containers.img", VirtioBlk: true}
+		}, ErrInvalidConfig},
+		"image_nvdimm_no_slots": {func(vm *VMConfig) {
+			vm.Initrd = ""
+			vm.Image = testImage(false)
+		}, ErrInvalidConfig},
+		"image_nvdimm_no_room": {func(vm *VMConfig) {
+			vm.Initrd = ""
+			vm.Image = testImage(false)
+			vm.MemorySlots, vm.MaxMemoryMiB = 10, 2048+127
+		}, ErrInvalidConfig},
+		"image_nvdimm_unaligned": {func(vm *VMConfig) {
+			vm.Initrd = ""
+			vm.Image = &RootImage{Path: "/img", Size: 1000}
+			vm.MemorySlots, vm.MaxMemoryMiB = 10, 4096
+		}, ErrInvalidConfig},
+		"image_nvdimm_unsupported": {func(vm *VMConfig) {
+			vm.Initrd = ""
+			vm.Caps.Devices = []string{"pci-bridge", "virtio-serial-pci"}
+			vm.Image = testImage(false)
+			vm.MemorySlots, vm.MaxMemoryMiB = 10, 4096
+		}, ErrInvalidConfig},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -382,6 +444,9 @@ func FuzzBuild(f *testing.F) {
 	f.Add("sandbox-1", uint64(2048), uint32(2), uint32(1024), uint64(0), "/run/fs.sock", "kataShared", "quiet", "q35", 4, uint8(0))
 	f.Add("a,b", uint64(0), uint32(0), uint32(1000), uint64(4096), "rel.sock", "", "a b", "pc", 40, uint8(3))
 	f.Add("x", uint64(1<<40), uint32(1), uint32(0), uint64(1<<63), "/"+strings.Repeat("s", 200), "tag,with,commas", "", "microvm", -1, uint8(1))
+	// A 1 MiB image (and DAX window) on an nvdimm, then on virtio-blk.
+	f.Add("img", uint64(512), uint32(1), uint32(1024), uint64(1), "/run/fs.sock", "kataShared", "quiet", "q35", 4, uint8(5))
+	f.Add("img", uint64(512), uint32(1), uint32(1024), uint64(1), "/run/fs.sock", "kataShared", "quiet", "pc", 4, uint8(9))
 	f.Fuzz(func(t *testing.T, name string, mem uint64, vcpus, queue uint32, dax uint64, sock, tag, param, machine string, slots int, shared uint8) {
 		vm := baseVM()
 		vm.Caps = testCaps(dax%2 == 1)
@@ -391,6 +456,17 @@ func FuzzBuild(f *testing.F) {
 		vm.Devices = []Device{
 			&VhostUserFS{ID: "fs0", SocketPath: sock, Tag: tag, QueueSize: queue, DAXWindowMiB: dax},
 			&VirtioBlk{ID: "d0", Path: sock},
+		}
+		// The upper bits of shared pick a guest image: none, on an
+		// nvdimm (sized by dax, in MiB when small) or on virtio-blk.
+		imageMode := (shared / 4) % 3
+		if imageMode > 0 {
+			vm.Initrd = ""
+			vm.Image = &RootImage{Path: sock, Size: dax, VirtioBlk: imageMode == 2}
+			if dax < 1<<20 {
+				vm.Image.Size = dax << 20
+			}
+			vm.MemorySlots, vm.MaxMemoryMiB = 10, mem+dax
 		}
 		p, err := Build(vm)
 		if err != nil {
@@ -404,6 +480,20 @@ func FuzzBuild(f *testing.F) {
 		}
 		if p.PCIPaths["fs0"] == "" || p.PCIPaths["d0"] == "" || p.PCIPaths["fs0"] == p.PCIPaths["d0"] {
 			t.Fatalf("PCI paths %v", p.PCIPaths)
+		}
+		args := strings.Join(p.Args, " ")
+		switch imageMode {
+		case 1:
+			if !strings.Contains(args, "nvdimm=on") || !strings.Contains(args, "root=/dev/pmem0p1 ") || !strings.Contains(args, ",slots=") {
+				t.Fatalf("nvdimm image accepted without its machine option, root or memory slots: %v", p.Args)
+			}
+		case 2:
+			if p.PCIPaths["image0"] == "" || p.PCIPaths["image0"] >= p.PCIPaths["d0"] || !strings.Contains(args, "root=/dev/vda1 ") {
+				t.Fatalf("virtio-blk image not the first disk or without its root: %v %v", p.PCIPaths, p.Args)
+			}
+		}
+		if imageMode > 0 && strings.Contains(args, "-initrd") {
+			t.Fatalf("image and initrd both booted: %v", p.Args)
 		}
 	})
 }

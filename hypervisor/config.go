@@ -104,6 +104,8 @@ type VMConfig struct {
 	Kernel       string
 	Initrd       string
 	KernelParams []string
+	// Image is the guest root filesystem image booted instead of an initrd (Kata's `image`); nil for none.
+	Image *RootImage
 	// Debug turns on guest kernel and agent debug output instead of "quiet".
 	Debug bool
 
@@ -122,6 +124,19 @@ type VMConfig struct {
 	Paused bool
 	// StderrLog is where QEMU's stderr is copied (Start defaults it to Dir/qemu.log).
 	StderrLog string
+}
+
+// RootImage is a guest root filesystem image in Kata's layout (an MBR disk
+// whose first partition is the ext4 root, with the nvdimm DAX header Kata's
+// image builder writes), attached read-only as Kata attaches it on QEMU.
+type RootImage struct {
+	// Path is the image file.
+	Path string
+	// Size is the file's size in bytes: the nvdimm's size, as Kata sizes it at boot.
+	Size uint64
+	// VirtioBlk puts the image on a read-only virtio-blk disk (root=/dev/vda1)
+	// instead of an nvdimm (root=/dev/pmem0p1, DAX): Kata's disable_image_nvdimm.
+	VirtioBlk bool
 }
 
 // Device is a cold-plugged PCI device: *VhostUserFS, *VhostUserBlk, *Virtio9P or *VirtioBlk.

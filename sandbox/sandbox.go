@@ -235,6 +235,16 @@ func (s *Sandbox) plan(ctx context.Context, spec Spec) (*host.Host, *hypervisor.
 		ConsoleLog:   filepath.Join(s.Dir, "console.log"),
 		HotplugSlots: 8,
 	}
+	if q.Image != "" {
+		img, err := guestImage(q, h)
+		if err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+		vmc.Image = img
+		if !img.VirtioBlk {
+			vmc.MemorySlots, vmc.MaxMemoryMiB = imageMemoryLayout(q, h, img)
+		}
+	}
 	// Hybrid vsock's device is a vhost-user backend like virtio-fs's and
 	// imagefs-blk's: it maps guest RAM.
 	if cfg.NeedsSharedMemory() || s.Decision.Backend == config.SharedFSImagefsBlk || h.Transport == config.TransportHybridVsock {
@@ -263,6 +273,43 @@ func sharedMemory(h *host.Host, q *config.QEMU) (hypervisor.SharedMemory, string
 		return hypervisor.SharedMemoryMemfd, ""
 	}
 	return hypervisor.SharedMemoryFile, ""
+}
+
+// guestImage is the configured guest image as the VM attaches it: sized
+// at boot, as Kata sizes its nvdimm.
+func guestImage(q *config.QEMU, h *host.Host) (*hypervisor.RootImage, error) {
+	fi, err := os.Stat(q.Image)
+	if err != nil {
+		return nil, fmt.Errorf("guest image (hypervisor.qemu.image): %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("guest image (hypervisor.qemu.image) %s is not a regular file", q.Image)
+	}
+	return &hypervisor.RootImage{Path: q.Image, Size: uint64(fi.Size()), VirtioBlk: q.DisableImageNvdimm}, nil
+}
+
+// kataNVDIMMReserveMiB is the address space Kata adds to maxmem for the
+// image's nvdimm (genericMemoryTopology's 1024 MiB).
+const kataNVDIMMReserveMiB = 1024
+
+// imageMemoryLayout is Kata's -m for a guest with an image nvdimm:
+// memory_slots slots (Kata's default 10) and maxmem = the host's RAM (Kata's
+// default_maxmemory = 0) + 1024 MiB. The nvdimm sits in that hot-plug area,
+// so maxmem is raised, if need be, until guest RAM plus the image fit.
+func imageMemoryLayout(q *config.QEMU, h *host.Host, img *hypervisor.RootImage) (slots uint32, maxMiB uint64) {
+	slots = q.MemorySlots
+	if slots == 0 {
+		slots = 10
+	}
+	mem := uint64(q.DefaultMemory)
+	maxMiB = mem + kataNVDIMMReserveMiB
+	if h.MemoryErr == nil && h.Memory.TotalKiB > 0 {
+		maxMiB = h.Memory.TotalKiB>>10 + kataNVDIMMReserveMiB
+	}
+	if need := mem + (img.Size+1<<20-1)>>20; maxMiB < need {
+		maxMiB = need
+	}
+	return slots, maxMiB
 }
 
 // AgentSocket is the unix socket QEMU listens on for the virtio-serial

@@ -99,14 +99,18 @@ type env struct {
 
 func newEnv(t *testing.T, extra string) *env {
 	kit := guestKit(t)
+	return newEnvBooting(t, kit, fmt.Sprintf("kernel = %q\ninitrd = %q\n", kit+"/vmlinux", kit+"/initrd.img"), extra, "")
+}
+
+// newEnvBooting is newEnv with the guest's boot keys (kernel, initrd or
+// image) given as TOML lines, and lines for the [kata_fsx] table.
+func newEnvBooting(t *testing.T, kit, boot, extra, kataFSX string) *env {
 	dir := t.TempDir()
 	e := &env{t: t, dir: dir, stateDir: filepath.Join(dir, "run")}
 	accel := testAccel(kit)
 	cfg := fmt.Sprintf(`[hypervisor.qemu]
 path = "/usr/bin/qemu-system-x86_64"
-kernel = "%s/vmlinux"
-initrd = "%s/initrd.img"
-default_memory = 512
+%sdefault_memory = 512
 virtio_fs_daemon = "/usr/lib/qemu/virtiofsd"
 valid_virtio_fs_daemon_paths = ["/usr/lib/qemu/virtiofsd"]
 %s
@@ -114,12 +118,12 @@ valid_virtio_fs_daemon_paths = ["/usr/lib/qemu/virtiofsd"]
 dial_timeout = 90
 
 [kata_fsx]
-accelerator = "%s"
+%saccelerator = "%s"
 state_dir = "%s"
 
 [kata_fsx.imagefs_blk]
 state_dir = "%s/blk"
-`, kit, kit, extra, accel, e.stateDir, dir)
+`, boot, extra, kataFSX, accel, e.stateDir, dir)
 	e.config = filepath.Join(dir, "configuration.toml")
 	if err := os.WriteFile(e.config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)

@@ -55,12 +55,18 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 }
 
 func newContainerdEnv(t *testing.T) *containerdEnv {
+	return newContainerdEnvFor(t, func() *env { return newEnv(t, `enable_annotations = ["shared_fs"]`) })
+}
+
+// newContainerdEnvFor is newContainerdEnv whose pods boot with the
+// configuration of the env newEnv makes.
+func newContainerdEnvFor(t *testing.T, newEnv func() *env) *containerdEnv {
 	for _, b := range []string{"/usr/bin/containerd", "/usr/bin/ctr"} {
 		if _, err := os.Stat(b); err != nil {
 			testenv.Missing(t, "%s missing (apt-get install containerd): %v", b, err)
 		}
 	}
-	e := newEnv(t, `enable_annotations = ["shared_fs"]`)
+	e := newEnv()
 	shim, err := buildShim()
 	if err != nil {
 		t.Fatal(err)

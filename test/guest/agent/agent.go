@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"net"
 	"os"
@@ -148,7 +149,7 @@ func (a *agent) CreateSandbox(ctx context.Context, req *pb.CreateSandboxRequest)
 		}
 	}
 	if dns := req.GetDns(); len(dns) > 0 {
-		if err := os.WriteFile("/etc/resolv.conf", []byte(strings.Join(dns, "\n")+"\n"), 0o644); err != nil {
+		if err := setupDNS(dns); err != nil {
 			return nil, err
 		}
 	}
@@ -307,7 +308,9 @@ func (a *agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 	}
 	defer syncR.Close()
 	cmd := &exec.Cmd{
-		Path:       "/init",
+		// Ourselves, wherever we were started from: /init of the
+		// initramfs, /sbin/init of the image.
+		Path:       "/proc/self/exe",
 		Args:       []string{"/init", containerInitArg},
 		Env:        []string{initConfigEnv + "=" + string(blob)},
 		ExtraFiles: []*os.File{syncW},
@@ -548,8 +551,42 @@ func unmountAll(mps []string) {
 }
 
 // loadModuleByName loads a module shipped in the initramfs.
+// sandboxDNS is where the sandbox's resolv.conf is written; it is then
+// bound over /etc/resolv.conf, as Kata's agent does, because the guest
+// image's /etc is read-only.
+const sandboxDNS = "/run/kata-containers/sandbox/resolv.conf"
+
+// setupDNS makes /etc/resolv.conf list the sandbox's DNS lines.
+func setupDNS(dns []string) error {
+	if err := os.MkdirAll(filepath.Dir(sandboxDNS), 0o755); err != nil {
+		return fmt.Errorf("dns: %w", err)
+	}
+	if err := os.WriteFile(sandboxDNS, []byte(strings.Join(dns, "\n")+"\n"), 0o644); err != nil {
+		return fmt.Errorf("dns: %w", err)
+	}
+	// The bind needs a file to cover; the image ships one, the initramfs
+	// can create it.
+	if _, err := os.Stat("/etc/resolv.conf"); errors.Is(err, fs.ErrNotExist) {
+		if err := os.WriteFile("/etc/resolv.conf", nil, 0o644); err != nil {
+			return fmt.Errorf("dns: %w", err)
+		}
+	}
+	if err := unix.Mount(sandboxDNS, "/etc/resolv.conf", "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("dns: bind %s on /etc/resolv.conf: %w", sandboxDNS, err)
+	}
+	return nil
+}
+
 func loadModuleByName(name string) error {
 	b, err := os.ReadFile(modulesList)
+	if errors.Is(err, fs.ErrNotExist) {
+		// The image's kernel has its drivers built in and ships no
+		// modules: a built-in one is there already.
+		if _, err := os.Stat(filepath.Join("/sys/module", strings.ReplaceAll(name, "-", "_"))); err == nil {
+			return nil
+		}
+		return status.Errorf(codes.NotFound, "kernel module %s is not built into the guest kernel, and this guest has no loadable modules", name)
+	}
 	if err != nil {
 		return fmt.Errorf("kernel module %s: %w", name, err)
 	}

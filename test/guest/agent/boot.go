@@ -17,7 +17,8 @@ import (
 )
 
 // modulesList is written by build.sh: module paths in load order, with
-// channelsMarker after the modules the agent channels need.
+// channelsMarker after the modules the agent channels need. The guest
+// image (build-image.sh) has none: its kernel has every driver built in.
 const (
 	modulesList    = "/etc/modules.load"
 	channelsMarker = "#channels-ready"
@@ -31,7 +32,10 @@ func agentMain() error {
 }
 
 // boot mounts the basic filesystems, loads the channel modules, serves the
-// agent API and loads the storage modules meanwhile.
+// agent API and loads the storage modules meanwhile. The same binary is
+// /init of the initramfs (a writable root) and /sbin/init of the guest
+// image (an ext4 root mounted read-only, no /dev/console before devtmpfs is
+// mounted): it writes only to the filesystems it mounts here.
 func boot() error {
 	start := time.Now()
 	openConsole()
@@ -47,16 +51,31 @@ func boot() error {
 		if err := mountIfNeeded(m.src, m.dst, m.typ, unix.MS_NOSUID, m.data); err != nil {
 			return err
 		}
+		if m.dst == "/dev" {
+			// A root without a /dev/console node (the image's) gave the
+			// kernel no console to start us with: take it now.
+			openConsole()
+		}
+	}
+	logRoot()
+	_, err := os.Stat(modulesList)
+	haveModules := !errors.Is(err, fs.ErrNotExist)
+	if !haveModules {
+		log.Printf("no %s: the kernel has its drivers built in", modulesList)
 	}
 	a := newAgent()
 	channels := make(chan struct{})
 	go func() {
 		err := loadModules(modulesList, func() {
-			log.Printf("channel modules loaded %s after /init started", time.Since(start).Round(time.Millisecond))
+			if haveModules {
+				log.Printf("channel modules loaded %s after /init started", time.Since(start).Round(time.Millisecond))
+			}
 			close(channels)
 		})
 		if err == nil {
-			log.Printf("all modules loaded %s after /init started", time.Since(start).Round(time.Millisecond))
+			if haveModules {
+				log.Printf("all modules loaded %s after /init started", time.Since(start).Round(time.Millisecond))
+			}
 		} else {
 			log.Printf("%v", err)
 		}
@@ -73,10 +92,12 @@ func boot() error {
 	return a.serve(context.Background())
 }
 
-// mountIfNeeded creates dst and mounts there unless it already is a mount point.
+// mountIfNeeded creates dst and mounts there unless it already is a mount
+// point. On a read-only root dst must exist already (the image has every
+// mount point); MkdirAll of an existing directory writes nothing.
 func mountIfNeeded(src, dst, typ string, flags uintptr, data string) error {
 	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return err
+		return fmt.Errorf("mount point %s: %w", dst, err)
 	}
 	if isMountPoint(dst) {
 		return nil
@@ -95,8 +116,36 @@ func isMountPoint(path string) bool {
 	return st.Dev != parent.Dev || st.Ino == parent.Ino
 }
 
+// logRoot logs what the guest booted from (the initramfs, or the image's
+// device, filesystem and options), so a console log says which guest ran.
+func logRoot() {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		log.Printf("guest root: %v", err)
+		return
+	}
+	if src, fstype, opts, ok := rootMount(string(b)); ok {
+		log.Printf("guest root: %s %s %s", src, fstype, opts)
+	}
+}
+
+// rootMount finds the mount of "/" in a mountinfo text (the last one
+// wins, as in the kernel's view) and returns its source, type and the
+// mount and superblock options.
+func rootMount(mountinfo string) (src, fstype, opts string, ok bool) {
+	for _, line := range strings.Split(mountinfo, "\n") {
+		pre, post, found := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !found || len(f) < 6 || len(g) < 3 || f[4] != "/" {
+			continue
+		}
+		src, fstype, opts, ok = g[1], g[0], f[5]+" "+g[2], true
+	}
+	return src, fstype, opts, ok
+}
+
 // openConsole sends the log and stdio to /dev/console, which the host
-// captures with -serial.
+// captures with -serial. It does nothing while /dev/console is missing.
 func openConsole() {
 	f, err := os.OpenFile("/dev/console", os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
