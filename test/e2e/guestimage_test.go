@@ -88,6 +88,10 @@ func TestRunBootsGuestImage(t *testing.T) {
 			if !strings.Contains(r.stderr, "backend "+tc.backend) {
 				t.Fatalf("backend not reported: %s", r.stderr)
 			}
+			// Kata's agent listens on vsock only: the image is reached over it.
+			if _, err := os.Stat("/dev/vhost-vsock"); err != nil && !strings.Contains(r.stderr, "agent transport hybrid-vsock") {
+				t.Fatalf("the agent was not reached over hybrid vsock: %s", r.stderr)
+			}
 		})
 	}
 }
