@@ -28,6 +28,10 @@ import (
 // only inside a VM; test/guest covers it). It records requests and serves a
 // scripted stdout.
 type fakeAgent struct {
+	// The calls a test does not make stay unimplemented: the nil interface
+	// makes one panic, which fails the test that made it.
+	pb.AgentServiceService
+
 	mu        sync.Mutex
 	status    pb.HealthCheckResponse_ServingStatus
 	sandboxes []*pb.CreateSandboxRequest

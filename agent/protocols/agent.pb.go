@@ -452,6 +452,795 @@ func (x *WaitProcessResponse) GetStatus() int32 {
 	return 0
 }
 
+type UpdateContainerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	Resources     *LinuxResources        `protobuf:"bytes,2,opt,name=resources,proto3" json:"resources,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateContainerRequest) Reset() {
+	*x = UpdateContainerRequest{}
+	mi := &file_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateContainerRequest) ProtoMessage() {}
+
+func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateContainerRequest.ProtoReflect.Descriptor instead.
+func (*UpdateContainerRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *UpdateContainerRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *UpdateContainerRequest) GetResources() *LinuxResources {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+type StatsContainerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatsContainerRequest) Reset() {
+	*x = StatsContainerRequest{}
+	mi := &file_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatsContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatsContainerRequest) ProtoMessage() {}
+
+func (x *StatsContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatsContainerRequest.ProtoReflect.Descriptor instead.
+func (*StatsContainerRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *StatsContainerRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+type PauseContainerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseContainerRequest) Reset() {
+	*x = PauseContainerRequest{}
+	mi := &file_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseContainerRequest) ProtoMessage() {}
+
+func (x *PauseContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseContainerRequest.ProtoReflect.Descriptor instead.
+func (*PauseContainerRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *PauseContainerRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+type ResumeContainerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeContainerRequest) Reset() {
+	*x = ResumeContainerRequest{}
+	mi := &file_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeContainerRequest) ProtoMessage() {}
+
+func (x *ResumeContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeContainerRequest.ProtoReflect.Descriptor instead.
+func (*ResumeContainerRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ResumeContainerRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+type CpuUsage struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	TotalUsage        uint64                 `protobuf:"varint,1,opt,name=total_usage,json=totalUsage,proto3" json:"total_usage,omitempty"`
+	PercpuUsage       []uint64               `protobuf:"varint,2,rep,packed,name=percpu_usage,json=percpuUsage,proto3" json:"percpu_usage,omitempty"`
+	UsageInKernelmode uint64                 `protobuf:"varint,3,opt,name=usage_in_kernelmode,json=usageInKernelmode,proto3" json:"usage_in_kernelmode,omitempty"`
+	UsageInUsermode   uint64                 `protobuf:"varint,4,opt,name=usage_in_usermode,json=usageInUsermode,proto3" json:"usage_in_usermode,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *CpuUsage) Reset() {
+	*x = CpuUsage{}
+	mi := &file_agent_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CpuUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CpuUsage) ProtoMessage() {}
+
+func (x *CpuUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CpuUsage.ProtoReflect.Descriptor instead.
+func (*CpuUsage) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *CpuUsage) GetTotalUsage() uint64 {
+	if x != nil {
+		return x.TotalUsage
+	}
+	return 0
+}
+
+func (x *CpuUsage) GetPercpuUsage() []uint64 {
+	if x != nil {
+		return x.PercpuUsage
+	}
+	return nil
+}
+
+func (x *CpuUsage) GetUsageInKernelmode() uint64 {
+	if x != nil {
+		return x.UsageInKernelmode
+	}
+	return 0
+}
+
+func (x *CpuUsage) GetUsageInUsermode() uint64 {
+	if x != nil {
+		return x.UsageInUsermode
+	}
+	return 0
+}
+
+type ThrottlingData struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Periods          uint64                 `protobuf:"varint,1,opt,name=periods,proto3" json:"periods,omitempty"`
+	ThrottledPeriods uint64                 `protobuf:"varint,2,opt,name=throttled_periods,json=throttledPeriods,proto3" json:"throttled_periods,omitempty"`
+	ThrottledTime    uint64                 `protobuf:"varint,3,opt,name=throttled_time,json=throttledTime,proto3" json:"throttled_time,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ThrottlingData) Reset() {
+	*x = ThrottlingData{}
+	mi := &file_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ThrottlingData) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ThrottlingData) ProtoMessage() {}
+
+func (x *ThrottlingData) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ThrottlingData.ProtoReflect.Descriptor instead.
+func (*ThrottlingData) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ThrottlingData) GetPeriods() uint64 {
+	if x != nil {
+		return x.Periods
+	}
+	return 0
+}
+
+func (x *ThrottlingData) GetThrottledPeriods() uint64 {
+	if x != nil {
+		return x.ThrottledPeriods
+	}
+	return 0
+}
+
+func (x *ThrottlingData) GetThrottledTime() uint64 {
+	if x != nil {
+		return x.ThrottledTime
+	}
+	return 0
+}
+
+type CpuStats struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	CpuUsage       *CpuUsage              `protobuf:"bytes,1,opt,name=cpu_usage,json=cpuUsage,proto3" json:"cpu_usage,omitempty"`
+	ThrottlingData *ThrottlingData        `protobuf:"bytes,2,opt,name=throttling_data,json=throttlingData,proto3" json:"throttling_data,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CpuStats) Reset() {
+	*x = CpuStats{}
+	mi := &file_agent_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CpuStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CpuStats) ProtoMessage() {}
+
+func (x *CpuStats) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CpuStats.ProtoReflect.Descriptor instead.
+func (*CpuStats) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *CpuStats) GetCpuUsage() *CpuUsage {
+	if x != nil {
+		return x.CpuUsage
+	}
+	return nil
+}
+
+func (x *CpuStats) GetThrottlingData() *ThrottlingData {
+	if x != nil {
+		return x.ThrottlingData
+	}
+	return nil
+}
+
+type PidsStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Current       uint64                 `protobuf:"varint,1,opt,name=current,proto3" json:"current,omitempty"`
+	Limit         uint64                 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PidsStats) Reset() {
+	*x = PidsStats{}
+	mi := &file_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PidsStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PidsStats) ProtoMessage() {}
+
+func (x *PidsStats) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PidsStats.ProtoReflect.Descriptor instead.
+func (*PidsStats) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *PidsStats) GetCurrent() uint64 {
+	if x != nil {
+		return x.Current
+	}
+	return 0
+}
+
+func (x *PidsStats) GetLimit() uint64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type MemoryData struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Usage         uint64                 `protobuf:"varint,1,opt,name=usage,proto3" json:"usage,omitempty"`
+	MaxUsage      uint64                 `protobuf:"varint,2,opt,name=max_usage,json=maxUsage,proto3" json:"max_usage,omitempty"`
+	Failcnt       uint64                 `protobuf:"varint,3,opt,name=failcnt,proto3" json:"failcnt,omitempty"`
+	Limit         uint64                 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryData) Reset() {
+	*x = MemoryData{}
+	mi := &file_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryData) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryData) ProtoMessage() {}
+
+func (x *MemoryData) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryData.ProtoReflect.Descriptor instead.
+func (*MemoryData) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *MemoryData) GetUsage() uint64 {
+	if x != nil {
+		return x.Usage
+	}
+	return 0
+}
+
+func (x *MemoryData) GetMaxUsage() uint64 {
+	if x != nil {
+		return x.MaxUsage
+	}
+	return 0
+}
+
+func (x *MemoryData) GetFailcnt() uint64 {
+	if x != nil {
+		return x.Failcnt
+	}
+	return 0
+}
+
+func (x *MemoryData) GetLimit() uint64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type MemoryStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cache         uint64                 `protobuf:"varint,1,opt,name=cache,proto3" json:"cache,omitempty"`
+	Usage         *MemoryData            `protobuf:"bytes,2,opt,name=usage,proto3" json:"usage,omitempty"`
+	SwapUsage     *MemoryData            `protobuf:"bytes,3,opt,name=swap_usage,json=swapUsage,proto3" json:"swap_usage,omitempty"`
+	KernelUsage   *MemoryData            `protobuf:"bytes,4,opt,name=kernel_usage,json=kernelUsage,proto3" json:"kernel_usage,omitempty"`
+	UseHierarchy  bool                   `protobuf:"varint,5,opt,name=use_hierarchy,json=useHierarchy,proto3" json:"use_hierarchy,omitempty"`
+	Stats         map[string]uint64      `protobuf:"bytes,6,rep,name=stats,proto3" json:"stats,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryStats) Reset() {
+	*x = MemoryStats{}
+	mi := &file_agent_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemoryStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemoryStats) ProtoMessage() {}
+
+func (x *MemoryStats) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemoryStats.ProtoReflect.Descriptor instead.
+func (*MemoryStats) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *MemoryStats) GetCache() uint64 {
+	if x != nil {
+		return x.Cache
+	}
+	return 0
+}
+
+func (x *MemoryStats) GetUsage() *MemoryData {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *MemoryStats) GetSwapUsage() *MemoryData {
+	if x != nil {
+		return x.SwapUsage
+	}
+	return nil
+}
+
+func (x *MemoryStats) GetKernelUsage() *MemoryData {
+	if x != nil {
+		return x.KernelUsage
+	}
+	return nil
+}
+
+func (x *MemoryStats) GetUseHierarchy() bool {
+	if x != nil {
+		return x.UseHierarchy
+	}
+	return false
+}
+
+func (x *MemoryStats) GetStats() map[string]uint64 {
+	if x != nil {
+		return x.Stats
+	}
+	return nil
+}
+
+// CgroupStats leaves out Kata's blkio (4) and hugetlb (5) statistics.
+type CgroupStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CpuStats      *CpuStats              `protobuf:"bytes,1,opt,name=cpu_stats,json=cpuStats,proto3" json:"cpu_stats,omitempty"`
+	MemoryStats   *MemoryStats           `protobuf:"bytes,2,opt,name=memory_stats,json=memoryStats,proto3" json:"memory_stats,omitempty"`
+	PidsStats     *PidsStats             `protobuf:"bytes,3,opt,name=pids_stats,json=pidsStats,proto3" json:"pids_stats,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CgroupStats) Reset() {
+	*x = CgroupStats{}
+	mi := &file_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CgroupStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CgroupStats) ProtoMessage() {}
+
+func (x *CgroupStats) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CgroupStats.ProtoReflect.Descriptor instead.
+func (*CgroupStats) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CgroupStats) GetCpuStats() *CpuStats {
+	if x != nil {
+		return x.CpuStats
+	}
+	return nil
+}
+
+func (x *CgroupStats) GetMemoryStats() *MemoryStats {
+	if x != nil {
+		return x.MemoryStats
+	}
+	return nil
+}
+
+func (x *CgroupStats) GetPidsStats() *PidsStats {
+	if x != nil {
+		return x.PidsStats
+	}
+	return nil
+}
+
+type NetworkStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	RxBytes       uint64                 `protobuf:"varint,2,opt,name=rx_bytes,json=rxBytes,proto3" json:"rx_bytes,omitempty"`
+	RxPackets     uint64                 `protobuf:"varint,3,opt,name=rx_packets,json=rxPackets,proto3" json:"rx_packets,omitempty"`
+	RxErrors      uint64                 `protobuf:"varint,4,opt,name=rx_errors,json=rxErrors,proto3" json:"rx_errors,omitempty"`
+	RxDropped     uint64                 `protobuf:"varint,5,opt,name=rx_dropped,json=rxDropped,proto3" json:"rx_dropped,omitempty"`
+	TxBytes       uint64                 `protobuf:"varint,6,opt,name=tx_bytes,json=txBytes,proto3" json:"tx_bytes,omitempty"`
+	TxPackets     uint64                 `protobuf:"varint,7,opt,name=tx_packets,json=txPackets,proto3" json:"tx_packets,omitempty"`
+	TxErrors      uint64                 `protobuf:"varint,8,opt,name=tx_errors,json=txErrors,proto3" json:"tx_errors,omitempty"`
+	TxDropped     uint64                 `protobuf:"varint,9,opt,name=tx_dropped,json=txDropped,proto3" json:"tx_dropped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkStats) Reset() {
+	*x = NetworkStats{}
+	mi := &file_agent_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkStats) ProtoMessage() {}
+
+func (x *NetworkStats) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkStats.ProtoReflect.Descriptor instead.
+func (*NetworkStats) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *NetworkStats) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NetworkStats) GetRxBytes() uint64 {
+	if x != nil {
+		return x.RxBytes
+	}
+	return 0
+}
+
+func (x *NetworkStats) GetRxPackets() uint64 {
+	if x != nil {
+		return x.RxPackets
+	}
+	return 0
+}
+
+func (x *NetworkStats) GetRxErrors() uint64 {
+	if x != nil {
+		return x.RxErrors
+	}
+	return 0
+}
+
+func (x *NetworkStats) GetRxDropped() uint64 {
+	if x != nil {
+		return x.RxDropped
+	}
+	return 0
+}
+
+func (x *NetworkStats) GetTxBytes() uint64 {
+	if x != nil {
+		return x.TxBytes
+	}
+	return 0
+}
+
+func (x *NetworkStats) GetTxPackets() uint64 {
+	if x != nil {
+		return x.TxPackets
+	}
+	return 0
+}
+
+func (x *NetworkStats) GetTxErrors() uint64 {
+	if x != nil {
+		return x.TxErrors
+	}
+	return 0
+}
+
+func (x *NetworkStats) GetTxDropped() uint64 {
+	if x != nil {
+		return x.TxDropped
+	}
+	return 0
+}
+
+type StatsContainerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CgroupStats   *CgroupStats           `protobuf:"bytes,1,opt,name=cgroup_stats,json=cgroupStats,proto3" json:"cgroup_stats,omitempty"`
+	NetworkStats  []*NetworkStats        `protobuf:"bytes,2,rep,name=network_stats,json=networkStats,proto3" json:"network_stats,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatsContainerResponse) Reset() {
+	*x = StatsContainerResponse{}
+	mi := &file_agent_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatsContainerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatsContainerResponse) ProtoMessage() {}
+
+func (x *StatsContainerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatsContainerResponse.ProtoReflect.Descriptor instead.
+func (*StatsContainerResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *StatsContainerResponse) GetCgroupStats() *CgroupStats {
+	if x != nil {
+		return x.CgroupStats
+	}
+	return nil
+}
+
+func (x *StatsContainerResponse) GetNetworkStats() []*NetworkStats {
+	if x != nil {
+		return x.NetworkStats
+	}
+	return nil
+}
+
 type WriteStreamRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
@@ -463,7 +1252,7 @@ type WriteStreamRequest struct {
 
 func (x *WriteStreamRequest) Reset() {
 	*x = WriteStreamRequest{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -475,7 +1264,7 @@ func (x *WriteStreamRequest) String() string {
 func (*WriteStreamRequest) ProtoMessage() {}
 
 func (x *WriteStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -488,7 +1277,7 @@ func (x *WriteStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStreamRequest.ProtoReflect.Descriptor instead.
 func (*WriteStreamRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WriteStreamRequest) GetContainerId() string {
@@ -521,7 +1310,7 @@ type WriteStreamResponse struct {
 
 func (x *WriteStreamResponse) Reset() {
 	*x = WriteStreamResponse{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -533,7 +1322,7 @@ func (x *WriteStreamResponse) String() string {
 func (*WriteStreamResponse) ProtoMessage() {}
 
 func (x *WriteStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -546,7 +1335,7 @@ func (x *WriteStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStreamResponse.ProtoReflect.Descriptor instead.
 func (*WriteStreamResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WriteStreamResponse) GetLen() uint32 {
@@ -567,7 +1356,7 @@ type ReadStreamRequest struct {
 
 func (x *ReadStreamRequest) Reset() {
 	*x = ReadStreamRequest{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -579,7 +1368,7 @@ func (x *ReadStreamRequest) String() string {
 func (*ReadStreamRequest) ProtoMessage() {}
 
 func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -592,7 +1381,7 @@ func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStreamRequest.ProtoReflect.Descriptor instead.
 func (*ReadStreamRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReadStreamRequest) GetContainerId() string {
@@ -625,7 +1414,7 @@ type ReadStreamResponse struct {
 
 func (x *ReadStreamResponse) Reset() {
 	*x = ReadStreamResponse{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -637,7 +1426,7 @@ func (x *ReadStreamResponse) String() string {
 func (*ReadStreamResponse) ProtoMessage() {}
 
 func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -650,7 +1439,7 @@ func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStreamResponse.ProtoReflect.Descriptor instead.
 func (*ReadStreamResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReadStreamResponse) GetData() []byte {
@@ -670,7 +1459,7 @@ type CloseStdinRequest struct {
 
 func (x *CloseStdinRequest) Reset() {
 	*x = CloseStdinRequest{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -682,7 +1471,7 @@ func (x *CloseStdinRequest) String() string {
 func (*CloseStdinRequest) ProtoMessage() {}
 
 func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -695,7 +1484,7 @@ func (x *CloseStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdinRequest.ProtoReflect.Descriptor instead.
 func (*CloseStdinRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CloseStdinRequest) GetContainerId() string {
@@ -724,7 +1513,7 @@ type TtyWinResizeRequest struct {
 
 func (x *TtyWinResizeRequest) Reset() {
 	*x = TtyWinResizeRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -736,7 +1525,7 @@ func (x *TtyWinResizeRequest) String() string {
 func (*TtyWinResizeRequest) ProtoMessage() {}
 
 func (x *TtyWinResizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -749,7 +1538,7 @@ func (x *TtyWinResizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TtyWinResizeRequest.ProtoReflect.Descriptor instead.
 func (*TtyWinResizeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TtyWinResizeRequest) GetContainerId() string {
@@ -790,7 +1579,7 @@ type KernelModule struct {
 
 func (x *KernelModule) Reset() {
 	*x = KernelModule{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -802,7 +1591,7 @@ func (x *KernelModule) String() string {
 func (*KernelModule) ProtoMessage() {}
 
 func (x *KernelModule) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -815,7 +1604,7 @@ func (x *KernelModule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KernelModule.ProtoReflect.Descriptor instead.
 func (*KernelModule) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *KernelModule) GetName() string {
@@ -847,7 +1636,7 @@ type CreateSandboxRequest struct {
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -859,7 +1648,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -872,7 +1661,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CreateSandboxRequest) GetHostname() string {
@@ -932,7 +1721,7 @@ type DestroySandboxRequest struct {
 
 func (x *DestroySandboxRequest) Reset() {
 	*x = DestroySandboxRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -944,7 +1733,7 @@ func (x *DestroySandboxRequest) String() string {
 func (*DestroySandboxRequest) ProtoMessage() {}
 
 func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -957,7 +1746,423 @@ func (x *DestroySandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestroySandboxRequest.ProtoReflect.Descriptor instead.
 func (*DestroySandboxRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{28}
+}
+
+type Interfaces struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Interfaces    []*Interface           `protobuf:"bytes,1,rep,name=Interfaces,proto3" json:"Interfaces,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Interfaces) Reset() {
+	*x = Interfaces{}
+	mi := &file_agent_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Interfaces) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Interfaces) ProtoMessage() {}
+
+func (x *Interfaces) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Interfaces.ProtoReflect.Descriptor instead.
+func (*Interfaces) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *Interfaces) GetInterfaces() []*Interface {
+	if x != nil {
+		return x.Interfaces
+	}
+	return nil
+}
+
+type Routes struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Routes        []*Route               `protobuf:"bytes,1,rep,name=Routes,proto3" json:"Routes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Routes) Reset() {
+	*x = Routes{}
+	mi := &file_agent_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Routes) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Routes) ProtoMessage() {}
+
+func (x *Routes) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Routes.ProtoReflect.Descriptor instead.
+func (*Routes) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *Routes) GetRoutes() []*Route {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
+type UpdateInterfaceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Interface     *Interface             `protobuf:"bytes,1,opt,name=interface,proto3" json:"interface,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateInterfaceRequest) Reset() {
+	*x = UpdateInterfaceRequest{}
+	mi := &file_agent_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateInterfaceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateInterfaceRequest) ProtoMessage() {}
+
+func (x *UpdateInterfaceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateInterfaceRequest.ProtoReflect.Descriptor instead.
+func (*UpdateInterfaceRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *UpdateInterfaceRequest) GetInterface() *Interface {
+	if x != nil {
+		return x.Interface
+	}
+	return nil
+}
+
+type UpdateRoutesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Routes        *Routes                `protobuf:"bytes,1,opt,name=routes,proto3" json:"routes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateRoutesRequest) Reset() {
+	*x = UpdateRoutesRequest{}
+	mi := &file_agent_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateRoutesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateRoutesRequest) ProtoMessage() {}
+
+func (x *UpdateRoutesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateRoutesRequest.ProtoReflect.Descriptor instead.
+func (*UpdateRoutesRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *UpdateRoutesRequest) GetRoutes() *Routes {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
+type ListInterfacesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListInterfacesRequest) Reset() {
+	*x = ListInterfacesRequest{}
+	mi := &file_agent_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListInterfacesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListInterfacesRequest) ProtoMessage() {}
+
+func (x *ListInterfacesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListInterfacesRequest.ProtoReflect.Descriptor instead.
+func (*ListInterfacesRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{33}
+}
+
+type ListRoutesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRoutesRequest) Reset() {
+	*x = ListRoutesRequest{}
+	mi := &file_agent_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRoutesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRoutesRequest) ProtoMessage() {}
+
+func (x *ListRoutesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRoutesRequest.ProtoReflect.Descriptor instead.
+func (*ListRoutesRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{34}
+}
+
+type ARPNeighbors struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ARPNeighbors  []*ARPNeighbor         `protobuf:"bytes,1,rep,name=ARPNeighbors,proto3" json:"ARPNeighbors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ARPNeighbors) Reset() {
+	*x = ARPNeighbors{}
+	mi := &file_agent_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ARPNeighbors) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ARPNeighbors) ProtoMessage() {}
+
+func (x *ARPNeighbors) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ARPNeighbors.ProtoReflect.Descriptor instead.
+func (*ARPNeighbors) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *ARPNeighbors) GetARPNeighbors() []*ARPNeighbor {
+	if x != nil {
+		return x.ARPNeighbors
+	}
+	return nil
+}
+
+type AddARPNeighborsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Neighbors     *ARPNeighbors          `protobuf:"bytes,1,opt,name=neighbors,proto3" json:"neighbors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddARPNeighborsRequest) Reset() {
+	*x = AddARPNeighborsRequest{}
+	mi := &file_agent_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddARPNeighborsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddARPNeighborsRequest) ProtoMessage() {}
+
+func (x *AddARPNeighborsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddARPNeighborsRequest.ProtoReflect.Descriptor instead.
+func (*AddARPNeighborsRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *AddARPNeighborsRequest) GetNeighbors() *ARPNeighbors {
+	if x != nil {
+		return x.Neighbors
+	}
+	return nil
+}
+
+type GetOOMEventRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetOOMEventRequest) Reset() {
+	*x = GetOOMEventRequest{}
+	mi := &file_agent_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetOOMEventRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetOOMEventRequest) ProtoMessage() {}
+
+func (x *GetOOMEventRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetOOMEventRequest.ProtoReflect.Descriptor instead.
+func (*GetOOMEventRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{37}
+}
+
+type OOMEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId   string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OOMEvent) Reset() {
+	*x = OOMEvent{}
+	mi := &file_agent_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OOMEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OOMEvent) ProtoMessage() {}
+
+func (x *OOMEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OOMEvent.ProtoReflect.Descriptor instead.
+func (*OOMEvent) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *OOMEvent) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
 }
 
 type FSGroup struct {
@@ -969,7 +2174,7 @@ type FSGroup struct {
 
 func (x *FSGroup) Reset() {
 	*x = FSGroup{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -981,7 +2186,7 @@ func (x *FSGroup) String() string {
 func (*FSGroup) ProtoMessage() {}
 
 func (x *FSGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -994,7 +2199,7 @@ func (x *FSGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FSGroup.ProtoReflect.Descriptor instead.
 func (*FSGroup) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *FSGroup) GetGroupId() uint32 {
@@ -1017,7 +2222,7 @@ type SharedMount struct {
 
 func (x *SharedMount) Reset() {
 	*x = SharedMount{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1029,7 +2234,7 @@ func (x *SharedMount) String() string {
 func (*SharedMount) ProtoMessage() {}
 
 func (x *SharedMount) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1042,7 +2247,7 @@ func (x *SharedMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SharedMount.ProtoReflect.Descriptor instead.
 func (*SharedMount) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SharedMount) GetName() string {
@@ -1098,7 +2303,7 @@ type Storage struct {
 
 func (x *Storage) Reset() {
 	*x = Storage{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1110,7 +2315,7 @@ func (x *Storage) String() string {
 func (*Storage) ProtoMessage() {}
 
 func (x *Storage) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1123,7 +2328,7 @@ func (x *Storage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Storage.ProtoReflect.Descriptor instead.
 func (*Storage) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Storage) GetDriver() string {
@@ -1195,7 +2400,7 @@ type Device struct {
 
 func (x *Device) Reset() {
 	*x = Device{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1207,7 +2412,7 @@ func (x *Device) String() string {
 func (*Device) ProtoMessage() {}
 
 func (x *Device) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1220,7 +2425,7 @@ func (x *Device) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Device.ProtoReflect.Descriptor instead.
 func (*Device) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Device) GetId() string {
@@ -1269,7 +2474,7 @@ type StringUser struct {
 
 func (x *StringUser) Reset() {
 	*x = StringUser{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +2486,7 @@ func (x *StringUser) String() string {
 func (*StringUser) ProtoMessage() {}
 
 func (x *StringUser) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +2499,7 @@ func (x *StringUser) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StringUser.ProtoReflect.Descriptor instead.
 func (*StringUser) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *StringUser) GetUid() string {
@@ -1322,7 +2527,7 @@ var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\x04grpc\x1a\toci.proto\x1a\x1bgoogle/protobuf/empty.proto\"\xd5\x02\n" +
+	"\vagent.proto\x12\x04grpc\x1a\toci.proto\x1a\vtypes.proto\x1a\x1bgoogle/protobuf/empty.proto\"\xd5\x02\n" +
 	"\x16CreateContainerRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x121\n" +
@@ -1353,7 +2558,72 @@ const file_agent_proto_rawDesc = "" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\"-\n" +
 	"\x13WaitProcessResponse\x12\x16\n" +
-	"\x06status\x18\x01 \x01(\x05R\x06status\"d\n" +
+	"\x06status\x18\x01 \x01(\x05R\x06status\"o\n" +
+	"\x16UpdateContainerRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x122\n" +
+	"\tresources\x18\x02 \x01(\v2\x14.grpc.LinuxResourcesR\tresources\":\n" +
+	"\x15StatsContainerRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\":\n" +
+	"\x15PauseContainerRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\";\n" +
+	"\x16ResumeContainerRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"\xaa\x01\n" +
+	"\bCpuUsage\x12\x1f\n" +
+	"\vtotal_usage\x18\x01 \x01(\x04R\n" +
+	"totalUsage\x12!\n" +
+	"\fpercpu_usage\x18\x02 \x03(\x04R\vpercpuUsage\x12.\n" +
+	"\x13usage_in_kernelmode\x18\x03 \x01(\x04R\x11usageInKernelmode\x12*\n" +
+	"\x11usage_in_usermode\x18\x04 \x01(\x04R\x0fusageInUsermode\"~\n" +
+	"\x0eThrottlingData\x12\x18\n" +
+	"\aperiods\x18\x01 \x01(\x04R\aperiods\x12+\n" +
+	"\x11throttled_periods\x18\x02 \x01(\x04R\x10throttledPeriods\x12%\n" +
+	"\x0ethrottled_time\x18\x03 \x01(\x04R\rthrottledTime\"v\n" +
+	"\bCpuStats\x12+\n" +
+	"\tcpu_usage\x18\x01 \x01(\v2\x0e.grpc.CpuUsageR\bcpuUsage\x12=\n" +
+	"\x0fthrottling_data\x18\x02 \x01(\v2\x14.grpc.ThrottlingDataR\x0ethrottlingData\";\n" +
+	"\tPidsStats\x12\x18\n" +
+	"\acurrent\x18\x01 \x01(\x04R\acurrent\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x04R\x05limit\"o\n" +
+	"\n" +
+	"MemoryData\x12\x14\n" +
+	"\x05usage\x18\x01 \x01(\x04R\x05usage\x12\x1b\n" +
+	"\tmax_usage\x18\x02 \x01(\x04R\bmaxUsage\x12\x18\n" +
+	"\afailcnt\x18\x03 \x01(\x04R\afailcnt\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x04R\x05limit\"\xc4\x02\n" +
+	"\vMemoryStats\x12\x14\n" +
+	"\x05cache\x18\x01 \x01(\x04R\x05cache\x12&\n" +
+	"\x05usage\x18\x02 \x01(\v2\x10.grpc.MemoryDataR\x05usage\x12/\n" +
+	"\n" +
+	"swap_usage\x18\x03 \x01(\v2\x10.grpc.MemoryDataR\tswapUsage\x123\n" +
+	"\fkernel_usage\x18\x04 \x01(\v2\x10.grpc.MemoryDataR\vkernelUsage\x12#\n" +
+	"\ruse_hierarchy\x18\x05 \x01(\bR\fuseHierarchy\x122\n" +
+	"\x05stats\x18\x06 \x03(\v2\x1c.grpc.MemoryStats.StatsEntryR\x05stats\x1a8\n" +
+	"\n" +
+	"StatsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xa0\x01\n" +
+	"\vCgroupStats\x12+\n" +
+	"\tcpu_stats\x18\x01 \x01(\v2\x0e.grpc.CpuStatsR\bcpuStats\x124\n" +
+	"\fmemory_stats\x18\x02 \x01(\v2\x11.grpc.MemoryStatsR\vmemoryStats\x12.\n" +
+	"\n" +
+	"pids_stats\x18\x03 \x01(\v2\x0f.grpc.PidsStatsR\tpidsStats\"\x8e\x02\n" +
+	"\fNetworkStats\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
+	"\brx_bytes\x18\x02 \x01(\x04R\arxBytes\x12\x1d\n" +
+	"\n" +
+	"rx_packets\x18\x03 \x01(\x04R\trxPackets\x12\x1b\n" +
+	"\trx_errors\x18\x04 \x01(\x04R\brxErrors\x12\x1d\n" +
+	"\n" +
+	"rx_dropped\x18\x05 \x01(\x04R\trxDropped\x12\x19\n" +
+	"\btx_bytes\x18\x06 \x01(\x04R\atxBytes\x12\x1d\n" +
+	"\n" +
+	"tx_packets\x18\a \x01(\x04R\ttxPackets\x12\x1b\n" +
+	"\ttx_errors\x18\b \x01(\x04R\btxErrors\x12\x1d\n" +
+	"\n" +
+	"tx_dropped\x18\t \x01(\x04R\ttxDropped\"\x87\x01\n" +
+	"\x16StatsContainerResponse\x124\n" +
+	"\fcgroup_stats\x18\x01 \x01(\v2\x11.grpc.CgroupStatsR\vcgroupStats\x127\n" +
+	"\rnetwork_stats\x18\x02 \x03(\v2\x12.grpc.NetworkStatsR\fnetworkStats\"d\n" +
 	"\x12WriteStreamRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x12\n" +
@@ -1388,7 +2658,27 @@ const file_agent_proto_rawDesc = "" +
 	"sandbox_id\x18\x05 \x01(\tR\tsandboxId\x12&\n" +
 	"\x0fguest_hook_path\x18\x06 \x01(\tR\rguestHookPath\x129\n" +
 	"\x0ekernel_modules\x18\a \x03(\v2\x12.grpc.KernelModuleR\rkernelModules\"\x17\n" +
-	"\x15DestroySandboxRequest\"$\n" +
+	"\x15DestroySandboxRequest\">\n" +
+	"\n" +
+	"Interfaces\x120\n" +
+	"\n" +
+	"Interfaces\x18\x01 \x03(\v2\x10.types.InterfaceR\n" +
+	"Interfaces\".\n" +
+	"\x06Routes\x12$\n" +
+	"\x06Routes\x18\x01 \x03(\v2\f.types.RouteR\x06Routes\"H\n" +
+	"\x16UpdateInterfaceRequest\x12.\n" +
+	"\tinterface\x18\x01 \x01(\v2\x10.types.InterfaceR\tinterface\";\n" +
+	"\x13UpdateRoutesRequest\x12$\n" +
+	"\x06routes\x18\x01 \x01(\v2\f.grpc.RoutesR\x06routes\"\x17\n" +
+	"\x15ListInterfacesRequest\"\x13\n" +
+	"\x11ListRoutesRequest\"F\n" +
+	"\fARPNeighbors\x126\n" +
+	"\fARPNeighbors\x18\x01 \x03(\v2\x12.types.ARPNeighborR\fARPNeighbors\"J\n" +
+	"\x16AddARPNeighborsRequest\x120\n" +
+	"\tneighbors\x18\x01 \x01(\v2\x12.grpc.ARPNeighborsR\tneighbors\"\x14\n" +
+	"\x12GetOOMEventRequest\"-\n" +
+	"\bOOMEvent\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\"$\n" +
 	"\aFSGroup\x12\x19\n" +
 	"\bgroup_id\x18\x02 \x01(\rR\agroupId\"\x89\x01\n" +
 	"\vSharedMount\x12\x12\n" +
@@ -1417,14 +2707,18 @@ const file_agent_proto_rawDesc = "" +
 	"StringUser\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x10\n" +
 	"\x03gid\x18\x02 \x01(\tR\x03gid\x12&\n" +
-	"\x0eadditionalGids\x18\x03 \x03(\tR\x0eadditionalGids2\x84\a\n" +
+	"\x0eadditionalGids\x18\x03 \x03(\tR\x0eadditionalGids2\x9e\f\n" +
 	"\fAgentService\x12G\n" +
 	"\x0fCreateContainer\x12\x1c.grpc.CreateContainerRequest\x1a\x16.google.protobuf.Empty\x12E\n" +
 	"\x0eStartContainer\x12\x1b.grpc.StartContainerRequest\x1a\x16.google.protobuf.Empty\x12G\n" +
 	"\x0fRemoveContainer\x12\x1c.grpc.RemoveContainerRequest\x1a\x16.google.protobuf.Empty\x12?\n" +
 	"\vExecProcess\x12\x18.grpc.ExecProcessRequest\x1a\x16.google.protobuf.Empty\x12C\n" +
 	"\rSignalProcess\x12\x1a.grpc.SignalProcessRequest\x1a\x16.google.protobuf.Empty\x12B\n" +
-	"\vWaitProcess\x12\x18.grpc.WaitProcessRequest\x1a\x19.grpc.WaitProcessResponse\x12A\n" +
+	"\vWaitProcess\x12\x18.grpc.WaitProcessRequest\x1a\x19.grpc.WaitProcessResponse\x12G\n" +
+	"\x0fUpdateContainer\x12\x1c.grpc.UpdateContainerRequest\x1a\x16.google.protobuf.Empty\x12K\n" +
+	"\x0eStatsContainer\x12\x1b.grpc.StatsContainerRequest\x1a\x1c.grpc.StatsContainerResponse\x12E\n" +
+	"\x0ePauseContainer\x12\x1b.grpc.PauseContainerRequest\x1a\x16.google.protobuf.Empty\x12G\n" +
+	"\x0fResumeContainer\x12\x1c.grpc.ResumeContainerRequest\x1a\x16.google.protobuf.Empty\x12A\n" +
 	"\n" +
 	"WriteStdin\x12\x18.grpc.WriteStreamRequest\x1a\x19.grpc.WriteStreamResponse\x12?\n" +
 	"\n" +
@@ -1433,9 +2727,16 @@ const file_agent_proto_rawDesc = "" +
 	"ReadStderr\x12\x17.grpc.ReadStreamRequest\x1a\x18.grpc.ReadStreamResponse\x12=\n" +
 	"\n" +
 	"CloseStdin\x12\x17.grpc.CloseStdinRequest\x1a\x16.google.protobuf.Empty\x12A\n" +
-	"\fTtyWinResize\x12\x19.grpc.TtyWinResizeRequest\x1a\x16.google.protobuf.Empty\x12C\n" +
+	"\fTtyWinResize\x12\x19.grpc.TtyWinResizeRequest\x1a\x16.google.protobuf.Empty\x12A\n" +
+	"\x0fUpdateInterface\x12\x1c.grpc.UpdateInterfaceRequest\x1a\x10.types.Interface\x127\n" +
+	"\fUpdateRoutes\x12\x19.grpc.UpdateRoutesRequest\x1a\f.grpc.Routes\x12?\n" +
+	"\x0eListInterfaces\x12\x1b.grpc.ListInterfacesRequest\x1a\x10.grpc.Interfaces\x123\n" +
+	"\n" +
+	"ListRoutes\x12\x17.grpc.ListRoutesRequest\x1a\f.grpc.Routes\x12G\n" +
+	"\x0fAddARPNeighbors\x12\x1c.grpc.AddARPNeighborsRequest\x1a\x16.google.protobuf.Empty\x12C\n" +
 	"\rCreateSandbox\x12\x1a.grpc.CreateSandboxRequest\x1a\x16.google.protobuf.Empty\x12E\n" +
-	"\x0eDestroySandbox\x12\x1b.grpc.DestroySandboxRequest\x1a\x16.google.protobuf.EmptyB.Z,github.com/kata-fsx/kata-fsx/agent/protocolsb\x06proto3"
+	"\x0eDestroySandbox\x12\x1b.grpc.DestroySandboxRequest\x1a\x16.google.protobuf.Empty\x127\n" +
+	"\vGetOOMEvent\x12\x18.grpc.GetOOMEventRequest\x1a\x0e.grpc.OOMEventB.Z,github.com/kata-fsx/kata-fsx/agent/protocolsb\x06proto3"
 
 var (
 	file_agent_proto_rawDescOnce sync.Once
@@ -1449,7 +2750,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_agent_proto_goTypes = []any{
 	(*CreateContainerRequest)(nil), // 0: grpc.CreateContainerRequest
 	(*StartContainerRequest)(nil),  // 1: grpc.StartContainerRequest
@@ -1458,66 +2759,132 @@ var file_agent_proto_goTypes = []any{
 	(*SignalProcessRequest)(nil),   // 4: grpc.SignalProcessRequest
 	(*WaitProcessRequest)(nil),     // 5: grpc.WaitProcessRequest
 	(*WaitProcessResponse)(nil),    // 6: grpc.WaitProcessResponse
-	(*WriteStreamRequest)(nil),     // 7: grpc.WriteStreamRequest
-	(*WriteStreamResponse)(nil),    // 8: grpc.WriteStreamResponse
-	(*ReadStreamRequest)(nil),      // 9: grpc.ReadStreamRequest
-	(*ReadStreamResponse)(nil),     // 10: grpc.ReadStreamResponse
-	(*CloseStdinRequest)(nil),      // 11: grpc.CloseStdinRequest
-	(*TtyWinResizeRequest)(nil),    // 12: grpc.TtyWinResizeRequest
-	(*KernelModule)(nil),           // 13: grpc.KernelModule
-	(*CreateSandboxRequest)(nil),   // 14: grpc.CreateSandboxRequest
-	(*DestroySandboxRequest)(nil),  // 15: grpc.DestroySandboxRequest
-	(*FSGroup)(nil),                // 16: grpc.FSGroup
-	(*SharedMount)(nil),            // 17: grpc.SharedMount
-	(*Storage)(nil),                // 18: grpc.Storage
-	(*Device)(nil),                 // 19: grpc.Device
-	(*StringUser)(nil),             // 20: grpc.StringUser
-	(*Spec)(nil),                   // 21: grpc.Spec
-	(*Process)(nil),                // 22: grpc.Process
-	(*emptypb.Empty)(nil),          // 23: google.protobuf.Empty
+	(*UpdateContainerRequest)(nil), // 7: grpc.UpdateContainerRequest
+	(*StatsContainerRequest)(nil),  // 8: grpc.StatsContainerRequest
+	(*PauseContainerRequest)(nil),  // 9: grpc.PauseContainerRequest
+	(*ResumeContainerRequest)(nil), // 10: grpc.ResumeContainerRequest
+	(*CpuUsage)(nil),               // 11: grpc.CpuUsage
+	(*ThrottlingData)(nil),         // 12: grpc.ThrottlingData
+	(*CpuStats)(nil),               // 13: grpc.CpuStats
+	(*PidsStats)(nil),              // 14: grpc.PidsStats
+	(*MemoryData)(nil),             // 15: grpc.MemoryData
+	(*MemoryStats)(nil),            // 16: grpc.MemoryStats
+	(*CgroupStats)(nil),            // 17: grpc.CgroupStats
+	(*NetworkStats)(nil),           // 18: grpc.NetworkStats
+	(*StatsContainerResponse)(nil), // 19: grpc.StatsContainerResponse
+	(*WriteStreamRequest)(nil),     // 20: grpc.WriteStreamRequest
+	(*WriteStreamResponse)(nil),    // 21: grpc.WriteStreamResponse
+	(*ReadStreamRequest)(nil),      // 22: grpc.ReadStreamRequest
+	(*ReadStreamResponse)(nil),     // 23: grpc.ReadStreamResponse
+	(*CloseStdinRequest)(nil),      // 24: grpc.CloseStdinRequest
+	(*TtyWinResizeRequest)(nil),    // 25: grpc.TtyWinResizeRequest
+	(*KernelModule)(nil),           // 26: grpc.KernelModule
+	(*CreateSandboxRequest)(nil),   // 27: grpc.CreateSandboxRequest
+	(*DestroySandboxRequest)(nil),  // 28: grpc.DestroySandboxRequest
+	(*Interfaces)(nil),             // 29: grpc.Interfaces
+	(*Routes)(nil),                 // 30: grpc.Routes
+	(*UpdateInterfaceRequest)(nil), // 31: grpc.UpdateInterfaceRequest
+	(*UpdateRoutesRequest)(nil),    // 32: grpc.UpdateRoutesRequest
+	(*ListInterfacesRequest)(nil),  // 33: grpc.ListInterfacesRequest
+	(*ListRoutesRequest)(nil),      // 34: grpc.ListRoutesRequest
+	(*ARPNeighbors)(nil),           // 35: grpc.ARPNeighbors
+	(*AddARPNeighborsRequest)(nil), // 36: grpc.AddARPNeighborsRequest
+	(*GetOOMEventRequest)(nil),     // 37: grpc.GetOOMEventRequest
+	(*OOMEvent)(nil),               // 38: grpc.OOMEvent
+	(*FSGroup)(nil),                // 39: grpc.FSGroup
+	(*SharedMount)(nil),            // 40: grpc.SharedMount
+	(*Storage)(nil),                // 41: grpc.Storage
+	(*Device)(nil),                 // 42: grpc.Device
+	(*StringUser)(nil),             // 43: grpc.StringUser
+	nil,                            // 44: grpc.MemoryStats.StatsEntry
+	(*Spec)(nil),                   // 45: grpc.Spec
+	(*Process)(nil),                // 46: grpc.Process
+	(*LinuxResources)(nil),         // 47: grpc.LinuxResources
+	(*Interface)(nil),              // 48: types.Interface
+	(*Route)(nil),                  // 49: types.Route
+	(*ARPNeighbor)(nil),            // 50: types.ARPNeighbor
+	(*emptypb.Empty)(nil),          // 51: google.protobuf.Empty
 }
 var file_agent_proto_depIdxs = []int32{
-	20, // 0: grpc.CreateContainerRequest.string_user:type_name -> grpc.StringUser
-	19, // 1: grpc.CreateContainerRequest.devices:type_name -> grpc.Device
-	18, // 2: grpc.CreateContainerRequest.storages:type_name -> grpc.Storage
-	21, // 3: grpc.CreateContainerRequest.OCI:type_name -> grpc.Spec
-	17, // 4: grpc.CreateContainerRequest.shared_mounts:type_name -> grpc.SharedMount
-	20, // 5: grpc.ExecProcessRequest.string_user:type_name -> grpc.StringUser
-	22, // 6: grpc.ExecProcessRequest.process:type_name -> grpc.Process
-	18, // 7: grpc.CreateSandboxRequest.storages:type_name -> grpc.Storage
-	13, // 8: grpc.CreateSandboxRequest.kernel_modules:type_name -> grpc.KernelModule
-	16, // 9: grpc.Storage.fs_group:type_name -> grpc.FSGroup
-	0,  // 10: grpc.AgentService.CreateContainer:input_type -> grpc.CreateContainerRequest
-	1,  // 11: grpc.AgentService.StartContainer:input_type -> grpc.StartContainerRequest
-	2,  // 12: grpc.AgentService.RemoveContainer:input_type -> grpc.RemoveContainerRequest
-	3,  // 13: grpc.AgentService.ExecProcess:input_type -> grpc.ExecProcessRequest
-	4,  // 14: grpc.AgentService.SignalProcess:input_type -> grpc.SignalProcessRequest
-	5,  // 15: grpc.AgentService.WaitProcess:input_type -> grpc.WaitProcessRequest
-	7,  // 16: grpc.AgentService.WriteStdin:input_type -> grpc.WriteStreamRequest
-	9,  // 17: grpc.AgentService.ReadStdout:input_type -> grpc.ReadStreamRequest
-	9,  // 18: grpc.AgentService.ReadStderr:input_type -> grpc.ReadStreamRequest
-	11, // 19: grpc.AgentService.CloseStdin:input_type -> grpc.CloseStdinRequest
-	12, // 20: grpc.AgentService.TtyWinResize:input_type -> grpc.TtyWinResizeRequest
-	14, // 21: grpc.AgentService.CreateSandbox:input_type -> grpc.CreateSandboxRequest
-	15, // 22: grpc.AgentService.DestroySandbox:input_type -> grpc.DestroySandboxRequest
-	23, // 23: grpc.AgentService.CreateContainer:output_type -> google.protobuf.Empty
-	23, // 24: grpc.AgentService.StartContainer:output_type -> google.protobuf.Empty
-	23, // 25: grpc.AgentService.RemoveContainer:output_type -> google.protobuf.Empty
-	23, // 26: grpc.AgentService.ExecProcess:output_type -> google.protobuf.Empty
-	23, // 27: grpc.AgentService.SignalProcess:output_type -> google.protobuf.Empty
-	6,  // 28: grpc.AgentService.WaitProcess:output_type -> grpc.WaitProcessResponse
-	8,  // 29: grpc.AgentService.WriteStdin:output_type -> grpc.WriteStreamResponse
-	10, // 30: grpc.AgentService.ReadStdout:output_type -> grpc.ReadStreamResponse
-	10, // 31: grpc.AgentService.ReadStderr:output_type -> grpc.ReadStreamResponse
-	23, // 32: grpc.AgentService.CloseStdin:output_type -> google.protobuf.Empty
-	23, // 33: grpc.AgentService.TtyWinResize:output_type -> google.protobuf.Empty
-	23, // 34: grpc.AgentService.CreateSandbox:output_type -> google.protobuf.Empty
-	23, // 35: grpc.AgentService.DestroySandbox:output_type -> google.protobuf.Empty
-	23, // [23:36] is the sub-list for method output_type
-	10, // [10:23] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	43, // 0: grpc.CreateContainerRequest.string_user:type_name -> grpc.StringUser
+	42, // 1: grpc.CreateContainerRequest.devices:type_name -> grpc.Device
+	41, // 2: grpc.CreateContainerRequest.storages:type_name -> grpc.Storage
+	45, // 3: grpc.CreateContainerRequest.OCI:type_name -> grpc.Spec
+	40, // 4: grpc.CreateContainerRequest.shared_mounts:type_name -> grpc.SharedMount
+	43, // 5: grpc.ExecProcessRequest.string_user:type_name -> grpc.StringUser
+	46, // 6: grpc.ExecProcessRequest.process:type_name -> grpc.Process
+	47, // 7: grpc.UpdateContainerRequest.resources:type_name -> grpc.LinuxResources
+	11, // 8: grpc.CpuStats.cpu_usage:type_name -> grpc.CpuUsage
+	12, // 9: grpc.CpuStats.throttling_data:type_name -> grpc.ThrottlingData
+	15, // 10: grpc.MemoryStats.usage:type_name -> grpc.MemoryData
+	15, // 11: grpc.MemoryStats.swap_usage:type_name -> grpc.MemoryData
+	15, // 12: grpc.MemoryStats.kernel_usage:type_name -> grpc.MemoryData
+	44, // 13: grpc.MemoryStats.stats:type_name -> grpc.MemoryStats.StatsEntry
+	13, // 14: grpc.CgroupStats.cpu_stats:type_name -> grpc.CpuStats
+	16, // 15: grpc.CgroupStats.memory_stats:type_name -> grpc.MemoryStats
+	14, // 16: grpc.CgroupStats.pids_stats:type_name -> grpc.PidsStats
+	17, // 17: grpc.StatsContainerResponse.cgroup_stats:type_name -> grpc.CgroupStats
+	18, // 18: grpc.StatsContainerResponse.network_stats:type_name -> grpc.NetworkStats
+	41, // 19: grpc.CreateSandboxRequest.storages:type_name -> grpc.Storage
+	26, // 20: grpc.CreateSandboxRequest.kernel_modules:type_name -> grpc.KernelModule
+	48, // 21: grpc.Interfaces.Interfaces:type_name -> types.Interface
+	49, // 22: grpc.Routes.Routes:type_name -> types.Route
+	48, // 23: grpc.UpdateInterfaceRequest.interface:type_name -> types.Interface
+	30, // 24: grpc.UpdateRoutesRequest.routes:type_name -> grpc.Routes
+	50, // 25: grpc.ARPNeighbors.ARPNeighbors:type_name -> types.ARPNeighbor
+	35, // 26: grpc.AddARPNeighborsRequest.neighbors:type_name -> grpc.ARPNeighbors
+	39, // 27: grpc.Storage.fs_group:type_name -> grpc.FSGroup
+	0,  // 28: grpc.AgentService.CreateContainer:input_type -> grpc.CreateContainerRequest
+	1,  // 29: grpc.AgentService.StartContainer:input_type -> grpc.StartContainerRequest
+	2,  // 30: grpc.AgentService.RemoveContainer:input_type -> grpc.RemoveContainerRequest
+	3,  // 31: grpc.AgentService.ExecProcess:input_type -> grpc.ExecProcessRequest
+	4,  // 32: grpc.AgentService.SignalProcess:input_type -> grpc.SignalProcessRequest
+	5,  // 33: grpc.AgentService.WaitProcess:input_type -> grpc.WaitProcessRequest
+	7,  // 34: grpc.AgentService.UpdateContainer:input_type -> grpc.UpdateContainerRequest
+	8,  // 35: grpc.AgentService.StatsContainer:input_type -> grpc.StatsContainerRequest
+	9,  // 36: grpc.AgentService.PauseContainer:input_type -> grpc.PauseContainerRequest
+	10, // 37: grpc.AgentService.ResumeContainer:input_type -> grpc.ResumeContainerRequest
+	20, // 38: grpc.AgentService.WriteStdin:input_type -> grpc.WriteStreamRequest
+	22, // 39: grpc.AgentService.ReadStdout:input_type -> grpc.ReadStreamRequest
+	22, // 40: grpc.AgentService.ReadStderr:input_type -> grpc.ReadStreamRequest
+	24, // 41: grpc.AgentService.CloseStdin:input_type -> grpc.CloseStdinRequest
+	25, // 42: grpc.AgentService.TtyWinResize:input_type -> grpc.TtyWinResizeRequest
+	31, // 43: grpc.AgentService.UpdateInterface:input_type -> grpc.UpdateInterfaceRequest
+	32, // 44: grpc.AgentService.UpdateRoutes:input_type -> grpc.UpdateRoutesRequest
+	33, // 45: grpc.AgentService.ListInterfaces:input_type -> grpc.ListInterfacesRequest
+	34, // 46: grpc.AgentService.ListRoutes:input_type -> grpc.ListRoutesRequest
+	36, // 47: grpc.AgentService.AddARPNeighbors:input_type -> grpc.AddARPNeighborsRequest
+	27, // 48: grpc.AgentService.CreateSandbox:input_type -> grpc.CreateSandboxRequest
+	28, // 49: grpc.AgentService.DestroySandbox:input_type -> grpc.DestroySandboxRequest
+	37, // 50: grpc.AgentService.GetOOMEvent:input_type -> grpc.GetOOMEventRequest
+	51, // 51: grpc.AgentService.CreateContainer:output_type -> google.protobuf.Empty
+	51, // 52: grpc.AgentService.StartContainer:output_type -> google.protobuf.Empty
+	51, // 53: grpc.AgentService.RemoveContainer:output_type -> google.protobuf.Empty
+	51, // 54: grpc.AgentService.ExecProcess:output_type -> google.protobuf.Empty
+	51, // 55: grpc.AgentService.SignalProcess:output_type -> google.protobuf.Empty
+	6,  // 56: grpc.AgentService.WaitProcess:output_type -> grpc.WaitProcessResponse
+	51, // 57: grpc.AgentService.UpdateContainer:output_type -> google.protobuf.Empty
+	19, // 58: grpc.AgentService.StatsContainer:output_type -> grpc.StatsContainerResponse
+	51, // 59: grpc.AgentService.PauseContainer:output_type -> google.protobuf.Empty
+	51, // 60: grpc.AgentService.ResumeContainer:output_type -> google.protobuf.Empty
+	21, // 61: grpc.AgentService.WriteStdin:output_type -> grpc.WriteStreamResponse
+	23, // 62: grpc.AgentService.ReadStdout:output_type -> grpc.ReadStreamResponse
+	23, // 63: grpc.AgentService.ReadStderr:output_type -> grpc.ReadStreamResponse
+	51, // 64: grpc.AgentService.CloseStdin:output_type -> google.protobuf.Empty
+	51, // 65: grpc.AgentService.TtyWinResize:output_type -> google.protobuf.Empty
+	48, // 66: grpc.AgentService.UpdateInterface:output_type -> types.Interface
+	30, // 67: grpc.AgentService.UpdateRoutes:output_type -> grpc.Routes
+	29, // 68: grpc.AgentService.ListInterfaces:output_type -> grpc.Interfaces
+	30, // 69: grpc.AgentService.ListRoutes:output_type -> grpc.Routes
+	51, // 70: grpc.AgentService.AddARPNeighbors:output_type -> google.protobuf.Empty
+	51, // 71: grpc.AgentService.CreateSandbox:output_type -> google.protobuf.Empty
+	51, // 72: grpc.AgentService.DestroySandbox:output_type -> google.protobuf.Empty
+	38, // 73: grpc.AgentService.GetOOMEvent:output_type -> grpc.OOMEvent
+	51, // [51:74] is the sub-list for method output_type
+	28, // [28:51] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1526,13 +2893,14 @@ func file_agent_proto_init() {
 		return
 	}
 	file_oci_proto_init()
+	file_types_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

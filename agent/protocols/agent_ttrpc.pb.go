@@ -15,13 +15,23 @@ type AgentServiceService interface {
 	ExecProcess(context.Context, *ExecProcessRequest) (*emptypb.Empty, error)
 	SignalProcess(context.Context, *SignalProcessRequest) (*emptypb.Empty, error)
 	WaitProcess(context.Context, *WaitProcessRequest) (*WaitProcessResponse, error)
+	UpdateContainer(context.Context, *UpdateContainerRequest) (*emptypb.Empty, error)
+	StatsContainer(context.Context, *StatsContainerRequest) (*StatsContainerResponse, error)
+	PauseContainer(context.Context, *PauseContainerRequest) (*emptypb.Empty, error)
+	ResumeContainer(context.Context, *ResumeContainerRequest) (*emptypb.Empty, error)
 	WriteStdin(context.Context, *WriteStreamRequest) (*WriteStreamResponse, error)
 	ReadStdout(context.Context, *ReadStreamRequest) (*ReadStreamResponse, error)
 	ReadStderr(context.Context, *ReadStreamRequest) (*ReadStreamResponse, error)
 	CloseStdin(context.Context, *CloseStdinRequest) (*emptypb.Empty, error)
 	TtyWinResize(context.Context, *TtyWinResizeRequest) (*emptypb.Empty, error)
+	UpdateInterface(context.Context, *UpdateInterfaceRequest) (*Interface, error)
+	UpdateRoutes(context.Context, *UpdateRoutesRequest) (*Routes, error)
+	ListInterfaces(context.Context, *ListInterfacesRequest) (*Interfaces, error)
+	ListRoutes(context.Context, *ListRoutesRequest) (*Routes, error)
+	AddARPNeighbors(context.Context, *AddARPNeighborsRequest) (*emptypb.Empty, error)
 	CreateSandbox(context.Context, *CreateSandboxRequest) (*emptypb.Empty, error)
 	DestroySandbox(context.Context, *DestroySandboxRequest) (*emptypb.Empty, error)
+	GetOOMEvent(context.Context, *GetOOMEventRequest) (*OOMEvent, error)
 }
 
 func RegisterAgentServiceService(srv *ttrpc.Server, svc AgentServiceService) {
@@ -69,6 +79,34 @@ func RegisterAgentServiceService(srv *ttrpc.Server, svc AgentServiceService) {
 				}
 				return svc.WaitProcess(ctx, &req)
 			},
+			"UpdateContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req UpdateContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.UpdateContainer(ctx, &req)
+			},
+			"StatsContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req StatsContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.StatsContainer(ctx, &req)
+			},
+			"PauseContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req PauseContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.PauseContainer(ctx, &req)
+			},
+			"ResumeContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ResumeContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ResumeContainer(ctx, &req)
+			},
 			"WriteStdin": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req WriteStreamRequest
 				if err := unmarshal(&req); err != nil {
@@ -104,6 +142,41 @@ func RegisterAgentServiceService(srv *ttrpc.Server, svc AgentServiceService) {
 				}
 				return svc.TtyWinResize(ctx, &req)
 			},
+			"UpdateInterface": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req UpdateInterfaceRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.UpdateInterface(ctx, &req)
+			},
+			"UpdateRoutes": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req UpdateRoutesRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.UpdateRoutes(ctx, &req)
+			},
+			"ListInterfaces": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ListInterfacesRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ListInterfaces(ctx, &req)
+			},
+			"ListRoutes": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ListRoutesRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ListRoutes(ctx, &req)
+			},
+			"AddARPNeighbors": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req AddARPNeighborsRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.AddARPNeighbors(ctx, &req)
+			},
 			"CreateSandbox": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req CreateSandboxRequest
 				if err := unmarshal(&req); err != nil {
@@ -117,6 +190,13 @@ func RegisterAgentServiceService(srv *ttrpc.Server, svc AgentServiceService) {
 					return nil, err
 				}
 				return svc.DestroySandbox(ctx, &req)
+			},
+			"GetOOMEvent": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req GetOOMEventRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.GetOOMEvent(ctx, &req)
 			},
 		},
 	})
@@ -180,6 +260,38 @@ func (c *agentserviceClient) WaitProcess(ctx context.Context, req *WaitProcessRe
 	return &resp, nil
 }
 
+func (c *agentserviceClient) UpdateContainer(ctx context.Context, req *UpdateContainerRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "grpc.AgentService", "UpdateContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) StatsContainer(ctx context.Context, req *StatsContainerRequest) (*StatsContainerResponse, error) {
+	var resp StatsContainerResponse
+	if err := c.client.Call(ctx, "grpc.AgentService", "StatsContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) PauseContainer(ctx context.Context, req *PauseContainerRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "grpc.AgentService", "PauseContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) ResumeContainer(ctx context.Context, req *ResumeContainerRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "grpc.AgentService", "ResumeContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
 func (c *agentserviceClient) WriteStdin(ctx context.Context, req *WriteStreamRequest) (*WriteStreamResponse, error) {
 	var resp WriteStreamResponse
 	if err := c.client.Call(ctx, "grpc.AgentService", "WriteStdin", req, &resp); err != nil {
@@ -220,6 +332,46 @@ func (c *agentserviceClient) TtyWinResize(ctx context.Context, req *TtyWinResize
 	return &resp, nil
 }
 
+func (c *agentserviceClient) UpdateInterface(ctx context.Context, req *UpdateInterfaceRequest) (*Interface, error) {
+	var resp Interface
+	if err := c.client.Call(ctx, "grpc.AgentService", "UpdateInterface", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) UpdateRoutes(ctx context.Context, req *UpdateRoutesRequest) (*Routes, error) {
+	var resp Routes
+	if err := c.client.Call(ctx, "grpc.AgentService", "UpdateRoutes", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) ListInterfaces(ctx context.Context, req *ListInterfacesRequest) (*Interfaces, error) {
+	var resp Interfaces
+	if err := c.client.Call(ctx, "grpc.AgentService", "ListInterfaces", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) ListRoutes(ctx context.Context, req *ListRoutesRequest) (*Routes, error) {
+	var resp Routes
+	if err := c.client.Call(ctx, "grpc.AgentService", "ListRoutes", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) AddARPNeighbors(ctx context.Context, req *AddARPNeighborsRequest) (*emptypb.Empty, error) {
+	var resp emptypb.Empty
+	if err := c.client.Call(ctx, "grpc.AgentService", "AddARPNeighbors", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
 func (c *agentserviceClient) CreateSandbox(ctx context.Context, req *CreateSandboxRequest) (*emptypb.Empty, error) {
 	var resp emptypb.Empty
 	if err := c.client.Call(ctx, "grpc.AgentService", "CreateSandbox", req, &resp); err != nil {
@@ -231,6 +383,14 @@ func (c *agentserviceClient) CreateSandbox(ctx context.Context, req *CreateSandb
 func (c *agentserviceClient) DestroySandbox(ctx context.Context, req *DestroySandboxRequest) (*emptypb.Empty, error) {
 	var resp emptypb.Empty
 	if err := c.client.Call(ctx, "grpc.AgentService", "DestroySandbox", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentserviceClient) GetOOMEvent(ctx context.Context, req *GetOOMEventRequest) (*OOMEvent, error) {
+	var resp OOMEvent
+	if err := c.client.Call(ctx, "grpc.AgentService", "GetOOMEvent", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -13,4 +13,4 @@
 //	go generate ./agent/protocols
 package protocols
 
-//go:generate env PATH=../../build/tools:/usr/bin:/bin protoc -I . -I /usr/include --go_out=. --go_opt=paths=source_relative --go-ttrpc_out=. --go-ttrpc_opt=paths=source_relative agent.proto health.proto oci.proto
+//go:generate env PATH=../../build/tools:/usr/bin:/bin protoc -I . -I /usr/include --go_out=. --go_opt=paths=source_relative --go-ttrpc_out=. --go-ttrpc_opt=paths=source_relative agent.proto health.proto oci.proto types.proto

@@ -128,7 +128,12 @@ type Process struct {
 	Args            []string               `protobuf:"bytes,4,rep,name=Args,proto3" json:"Args,omitempty"`
 	Env             []string               `protobuf:"bytes,5,rep,name=Env,proto3" json:"Env,omitempty"`
 	Cwd             string                 `protobuf:"bytes,6,opt,name=Cwd,proto3" json:"Cwd,omitempty"`
+	Capabilities    *LinuxCapabilities     `protobuf:"bytes,7,opt,name=Capabilities,proto3" json:"Capabilities,omitempty"`
+	Rlimits         []*POSIXRlimit         `protobuf:"bytes,8,rep,name=Rlimits,proto3" json:"Rlimits,omitempty"`
 	NoNewPrivileges bool                   `protobuf:"varint,9,opt,name=NoNewPrivileges,proto3" json:"NoNewPrivileges,omitempty"`
+	ApparmorProfile string                 `protobuf:"bytes,10,opt,name=ApparmorProfile,proto3" json:"ApparmorProfile,omitempty"`
+	OOMScoreAdj     int64                  `protobuf:"varint,11,opt,name=OOMScoreAdj,proto3" json:"OOMScoreAdj,omitempty"`
+	SelinuxLabel    string                 `protobuf:"bytes,12,opt,name=SelinuxLabel,proto3" json:"SelinuxLabel,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -205,11 +210,182 @@ func (x *Process) GetCwd() string {
 	return ""
 }
 
+func (x *Process) GetCapabilities() *LinuxCapabilities {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
+func (x *Process) GetRlimits() []*POSIXRlimit {
+	if x != nil {
+		return x.Rlimits
+	}
+	return nil
+}
+
 func (x *Process) GetNoNewPrivileges() bool {
 	if x != nil {
 		return x.NoNewPrivileges
 	}
 	return false
+}
+
+func (x *Process) GetApparmorProfile() string {
+	if x != nil {
+		return x.ApparmorProfile
+	}
+	return ""
+}
+
+func (x *Process) GetOOMScoreAdj() int64 {
+	if x != nil {
+		return x.OOMScoreAdj
+	}
+	return 0
+}
+
+func (x *Process) GetSelinuxLabel() string {
+	if x != nil {
+		return x.SelinuxLabel
+	}
+	return ""
+}
+
+type LinuxCapabilities struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Bounding      []string               `protobuf:"bytes,1,rep,name=Bounding,proto3" json:"Bounding,omitempty"`
+	Effective     []string               `protobuf:"bytes,2,rep,name=Effective,proto3" json:"Effective,omitempty"`
+	Inheritable   []string               `protobuf:"bytes,3,rep,name=Inheritable,proto3" json:"Inheritable,omitempty"`
+	Permitted     []string               `protobuf:"bytes,4,rep,name=Permitted,proto3" json:"Permitted,omitempty"`
+	Ambient       []string               `protobuf:"bytes,5,rep,name=Ambient,proto3" json:"Ambient,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LinuxCapabilities) Reset() {
+	*x = LinuxCapabilities{}
+	mi := &file_oci_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LinuxCapabilities) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LinuxCapabilities) ProtoMessage() {}
+
+func (x *LinuxCapabilities) ProtoReflect() protoreflect.Message {
+	mi := &file_oci_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LinuxCapabilities.ProtoReflect.Descriptor instead.
+func (*LinuxCapabilities) Descriptor() ([]byte, []int) {
+	return file_oci_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *LinuxCapabilities) GetBounding() []string {
+	if x != nil {
+		return x.Bounding
+	}
+	return nil
+}
+
+func (x *LinuxCapabilities) GetEffective() []string {
+	if x != nil {
+		return x.Effective
+	}
+	return nil
+}
+
+func (x *LinuxCapabilities) GetInheritable() []string {
+	if x != nil {
+		return x.Inheritable
+	}
+	return nil
+}
+
+func (x *LinuxCapabilities) GetPermitted() []string {
+	if x != nil {
+		return x.Permitted
+	}
+	return nil
+}
+
+func (x *LinuxCapabilities) GetAmbient() []string {
+	if x != nil {
+		return x.Ambient
+	}
+	return nil
+}
+
+type POSIXRlimit struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          string                 `protobuf:"bytes,1,opt,name=Type,proto3" json:"Type,omitempty"`
+	Hard          uint64                 `protobuf:"varint,2,opt,name=Hard,proto3" json:"Hard,omitempty"`
+	Soft          uint64                 `protobuf:"varint,3,opt,name=Soft,proto3" json:"Soft,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *POSIXRlimit) Reset() {
+	*x = POSIXRlimit{}
+	mi := &file_oci_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *POSIXRlimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*POSIXRlimit) ProtoMessage() {}
+
+func (x *POSIXRlimit) ProtoReflect() protoreflect.Message {
+	mi := &file_oci_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use POSIXRlimit.ProtoReflect.Descriptor instead.
+func (*POSIXRlimit) Descriptor() ([]byte, []int) {
+	return file_oci_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *POSIXRlimit) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *POSIXRlimit) GetHard() uint64 {
+	if x != nil {
+		return x.Hard
+	}
+	return 0
+}
+
+func (x *POSIXRlimit) GetSoft() uint64 {
+	if x != nil {
+		return x.Soft
+	}
+	return 0
 }
 
 type Box struct {
@@ -222,7 +398,7 @@ type Box struct {
 
 func (x *Box) Reset() {
 	*x = Box{}
-	mi := &file_oci_proto_msgTypes[2]
+	mi := &file_oci_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -234,7 +410,7 @@ func (x *Box) String() string {
 func (*Box) ProtoMessage() {}
 
 func (x *Box) ProtoReflect() protoreflect.Message {
-	mi := &file_oci_proto_msgTypes[2]
+	mi := &file_oci_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -247,7 +423,7 @@ func (x *Box) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Box.ProtoReflect.Descriptor instead.
 func (*Box) Descriptor() ([]byte, []int) {
-	return file_oci_proto_rawDescGZIP(), []int{2}
+	return file_oci_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Box) GetHeight() uint32 {
@@ -276,7 +452,7 @@ type User struct {
 
 func (x *User) Reset() {
 	*x = User{}
-	mi := &file_oci_proto_msgTypes[3]
+	mi := &file_oci_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -288,7 +464,7 @@ func (x *User) String() string {
 func (*User) ProtoMessage() {}
 
 func (x *User) ProtoReflect() protoreflect.Message {
-	mi := &file_oci_proto_msgTypes[3]
+	mi := &file_oci_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -301,7 +477,7 @@ func (x *User) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use User.ProtoReflect.Descriptor instead.
 func (*User) Descriptor() ([]byte, []int) {
-	return file_oci_proto_rawDescGZIP(), []int{3}
+	return file_oci_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *User) GetUID() uint32 {
@@ -344,7 +520,7 @@ type Mount struct {
 
 func (x *Mount) Reset() {
 	*x = Mount{}
-	mi := &file_oci_proto_msgTypes[4]
+	mi := &file_oci_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -356,7 +532,7 @@ func (x *Mount) String() string {
 func (*Mount) ProtoMessage() {}
 
 func (x *Mount) ProtoReflect() protoreflect.Message {
-	mi := &file_oci_proto_msgTypes[4]
+	mi := &file_oci_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -369,7 +545,7 @@ func (x *Mount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mount.ProtoReflect.Descriptor instead.
 func (*Mount) Descriptor() ([]byte, []int) {
-	return file_oci_proto_rawDescGZIP(), []int{4}
+	return file_oci_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Mount) GetDestination() string {
@@ -410,7 +586,7 @@ type Root struct {
 
 func (x *Root) Reset() {
 	*x = Root{}
-	mi := &file_oci_proto_msgTypes[5]
+	mi := &file_oci_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -422,7 +598,7 @@ func (x *Root) String() string {
 func (*Root) ProtoMessage() {}
 
 func (x *Root) ProtoReflect() protoreflect.Message {
-	mi := &file_oci_proto_msgTypes[5]
+	mi := &file_oci_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -435,7 +611,7 @@ func (x *Root) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Root.ProtoReflect.Descriptor instead.
 func (*Root) Descriptor() ([]byte, []int) {
-	return file_oci_proto_rawDescGZIP(), []int{5}
+	return file_oci_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Root) GetPath() string {
@@ -453,19 +629,23 @@ func (x *Root) GetReadonly() bool {
 }
 
 type Linux struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sysctl        map[string]string      `protobuf:"bytes,3,rep,name=Sysctl,proto3" json:"Sysctl,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	CgroupsPath   string                 `protobuf:"bytes,5,opt,name=CgroupsPath,proto3" json:"CgroupsPath,omitempty"`
-	Namespaces    []*LinuxNamespace      `protobuf:"bytes,6,rep,name=Namespaces,proto3" json:"Namespaces,omitempty"`
-	MaskedPaths   []string               `protobuf:"bytes,10,rep,name=MaskedPaths,proto3" json:"MaskedPaths,omitempty"`
-	ReadonlyPaths []string               `protobuf:"bytes,11,rep,name=ReadonlyPaths,proto3" json:"ReadonlyPaths,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Sysctl            map[string]string      `protobuf:"bytes,3,rep,name=Sysctl,proto3" json:"Sysctl,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Resources         *LinuxResources        `protobuf:"bytes,4,opt,name=Resources,proto3" json:"Resources,omitempty"`
+	CgroupsPath       string                 `protobuf:"bytes,5,opt,name=CgroupsPath,proto3" json:"CgroupsPath,omitempty"`
+	Namespaces        []*LinuxNamespace      `protobuf:"bytes,6,rep,name=Namespaces,proto3" json:"Namespaces,omitempty"`
+	Devices           []*LinuxDevice         `protobuf:"bytes,7,rep,name=Devices,proto3" json:"Devices,omitempty"`
+	Seccomp           *LinuxSeccomp          `protobuf:"bytes,8,opt,name=Seccomp,proto3" json:"Seccomp,omitempty"`
+	RootfsPropagation string                 `protobuf:"bytes,9,opt,name=RootfsPropagation,proto3" json:"RootfsPropagation,omitempty"`
+	MaskedPaths       []string               `protobuf:"bytes,10,rep,name=MaskedPaths,proto3" json:"MaskedPaths,omitempty"`
+	ReadonlyPaths     []string               `protobuf:"bytes,11,rep,name=ReadonlyPaths,proto3" json:"ReadonlyPaths,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Linux) Reset() {
 	*x = Linux{}
-	mi := &file_oci_proto_msgTypes[6]
+	mi := &file_oci_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -477,7 +657,7 @@ func (x *Linux) String() string {
 func (*Linux) ProtoMessage() {}
 
 func (x *Linux) ProtoReflect() protoreflect.Message {
-	mi := &file_oci_proto_msgTypes[6]
+	mi := &file_oci_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -490,12 +670,19 @@ func (x *Linux) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Linux.ProtoReflect.Descriptor instead.
 func (*Linux) Descriptor() ([]byte, []int) {
-	return file_oci_proto_rawDescGZIP(), []int{6}
+	return file_oci_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Linux) GetSysctl() map[string]string {
 	if x != nil {
 		return x.Sysctl
+	}
+	return nil
+}
+
+func (x *Linux) GetResources() *LinuxResources {
+	if x != nil {
+		return x.Resources
 	}
 	return nil
 }
@@ -514,6 +701,27 @@ func (x *Linux) GetNamespaces() []*LinuxNamespace {
 	return nil
 }
 
+func (x *Linux) GetDevices() []*LinuxDevice {
+	if x != nil {
+		return x.Devices
+	}
+	return nil
+}
+
+func (x *Linux) GetSeccomp() *LinuxSeccomp {
+	if x != nil {
+		return x.Seccomp
+	}
+	return nil
+}
+
+func (x *Linux) GetRootfsPropagation() string {
+	if x != nil {
+		return x.RootfsPropagation
+	}
+	return ""
+}
+
 func (x *Linux) GetMaskedPaths() []string {
 	if x != nil {
 		return x.MaskedPaths
@@ -528,6 +736,698 @@ func (x *Linux) GetReadonlyPaths() []string {
 	return nil
 }
 
+type LinuxDevice struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=Path,proto3" json:"Path,omitempty"`
+	Type          string                 `protobuf:"bytes,2,opt,name=Type,proto3" json:"Type,omitempty"`
+	Major         int64                  `protobuf:"varint,3,opt,name=Major,proto3" json:"Major,omitempty"`
+	Minor         int64                  `protobuf:"varint,4,opt,name=Minor,proto3" json:"Minor,omitempty"`
+	FileMode      uint32                 `protobuf:"varint,5,opt,name=FileMode,proto3" json:"FileMode,omitempty"`
+	UID           uint32                 `protobuf:"varint,6,opt,name=UID,proto3" json:"UID,omitempty"`
+	GID           uint32                 `protobuf:"varint,7,opt,name=GID,proto3" json:"GID,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LinuxDevice) Reset() {
+	*x = LinuxDevice{}
+	mi := &file_oci_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LinuxDevice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LinuxDevice) ProtoMessage() {}
+
+func (x *LinuxDevice) ProtoReflect() protoreflect.Message {
+	mi := &file_oci_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LinuxDevice.ProtoReflect.Descriptor instead.
+func (*LinuxDevice) Descriptor() ([]byte, []int) {
+	return file_oci_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *LinuxDevice) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *LinuxDevice) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *LinuxDevice) GetMajor() int64 {
+	if x != nil {
+		return x.Major
+	}
+	return 0
+}
+
+func (x *LinuxDevice) GetMinor() int64 {
+	if x != nil {
+		return x.Minor
+	}
+	return 0
+}
+
+func (x *LinuxDevice) GetFileMode() uint32 {
+	if x != nil {
+		return x.FileMode
+	}
+	return 0
+}
+
+func (x *LinuxDevice) GetUID() uint32 {
+	if x != nil {
+		return x.UID
+	}
+	return 0
+}
+
+func (x *LinuxDevice) GetGID() uint32 {
+	if x != nil {
+		return x.GID
+	}
+	return 0
+}
+
+// LinuxResources is the container's cgroup configuration; block I/O,
+// hugepage and network class fields of Kata's message are left out.
+type LinuxResources struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Devices       []*LinuxDeviceCgroup   `protobuf:"bytes,1,rep,name=Devices,proto3" json:"Devices,omitempty"`
+	Memory        *LinuxMemory           `protobuf:"bytes,2,opt,name=Memory,proto3" json:"Memory,omitempty"`
+	CPU           *LinuxCPU              `protobuf:"bytes,3,opt,name=CPU,proto3" json:"CPU,omitempty"`
+	Pids          *LinuxPids             `protobuf:"bytes,4,opt,name=Pids,proto3" json:"Pids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LinuxResources) Reset() {
+	*x = LinuxResources{}
+	mi := &file_oci_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LinuxResources) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LinuxResources) ProtoMessage() {}
+
+func (x *LinuxResources) ProtoReflect() protoreflect.Message {
+	mi := &file_oci_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LinuxResources.ProtoReflect.Descriptor instead.
+func (*LinuxResources) Descriptor() ([]byte, []int) {
+	return file_oci_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *LinuxResources) GetDevices() []*LinuxDeviceCgroup {
+	if x != nil {
+		return x.Devices
+	}
+	return nil
+}
+
+func (x *LinuxResources) GetMemory() *LinuxMemory {
+	if x != nil {
+		return x.Memory
+	}
+	return nil
+}
+
+func (x *LinuxResources) GetCPU() *LinuxCPU {
+	if x != nil {
+		return x.CPU
+	}
+	return nil
+}
+
+func (x *LinuxResources) GetPids() *LinuxPids {
+	if x != nil {
+		return x.Pids
+	}
+	return nil
+}
+
+type LinuxMemory struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Limit            int64                  `protobuf:"varint,1,opt,name=Limit,proto3" json:"Limit,omitempty"`
+	Reservation      int64                  `protobuf:"varint,2,opt,name=Reservation,proto3" json:"Reservation,omitempty"`
+	Swap             int64                  `protobuf:"varint,3,opt,name=Swap,proto3" json:"Swap,omitempty"`
+	Kernel           int64                  `protobuf:"varint,4,opt,name=Kernel,proto3" json:"Kernel,omitempty"`
+	KernelTCP        int64                  `protobuf:"varint,5,opt,name=KernelTCP,proto3" json:"KernelTCP,omitempty"`
+	Swappiness       uint64                 `protobuf:"varint,6,opt,name=Swappiness,proto3" json:"Swappiness,omitempty"`
+	DisableOOMKiller bool                   `protobuf:"varint,7,opt,name=DisableOOMKiller,proto3" json:"DisableOOMKiller,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *LinuxMemory) Reset() {
+	*x = LinuxMemory{}
+	mi := &file_oci_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LinuxMemory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LinuxMemory) ProtoMessage() {}
+
+func (x *LinuxMemory) ProtoReflect() protoreflect.Message {
+	mi := &file_oci_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LinuxMemory.ProtoReflect.Descriptor instead.
+func (*LinuxMemory) Descriptor() ([]byte, []int) {
+	return file_oci_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *LinuxMemory) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *LinuxMemory) GetReservation() int64 {
+	if x != nil {
+		return x.Reservation
+	}
+	return 0
+}
+
+func (x *LinuxMemory) GetSwap() int64 {
+	if x != nil {
+		return x.Swap
+	}
+	return 0
+}
+
+func (x *LinuxMemory) GetKernel() int64 {
+	if x != nil {
+		return x.Kernel
+	}
+	return 0
+}
+
+func (x *LinuxMemory) GetKernelTCP() int64 {
+	if x != nil {
+		return x.KernelTCP
+	}
+	return 0
+}
+
+func (x *LinuxMemory) GetSwappiness() uint64 {
+	if x != nil {
+		return x.Swappiness
+	}
+	return 0
+}
+
+func (x *LinuxMemory) GetDisableOOMKiller() bool {
+	if x != nil {
+		return x.DisableOOMKiller
+	}
+	return false
+}
+
+type LinuxCPU struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Shares          uint64                 `protobuf:"varint,1,opt,name=Shares,proto3" json:"Shares,omitempty"`
+	Quota           int64                  `protobuf:"varint,2,opt,name=Quota,proto3" json:"Quota,omitempty"`
+	Period          uint64                 `protobuf:"varint,3,opt,name=Period,proto3" json:"Period,omitempty"`
+	RealtimeRuntime int64                  `protobuf:"varint,4,opt,name=RealtimeRuntime,proto3" json:"RealtimeRuntime,omitempty"`
+	RealtimePeriod  uint64                 `protobuf:"varint,5,opt,name=RealtimePeriod,proto3" json:"RealtimePeriod,omitempty"`
+	Cpus            string                 `protobuf:"bytes,6,opt,name=Cpus,proto3" json:"Cpus,omitempty"`
+	Mems            string                 `protobuf:"bytes,7,opt,name=Mems,proto3" json:"Mems,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *LinuxCPU) Reset() {
+	*x = LinuxCPU{}
+	mi := &file_oci_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LinuxCPU) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LinuxCPU) ProtoMessage() {}
+
+func (x *LinuxCPU) ProtoReflect() protoreflect.Message {
+	mi := &file_oci_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LinuxCPU.ProtoReflect.Descriptor instead.
+func (*LinuxCPU) Descriptor() ([]byte, []int) {
+	return file_oci_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *LinuxCPU) GetShares() uint64 {
+	if x != nil {
+		return x.Shares
+	}
+	return 0
+}
+
+func (x *LinuxCPU) GetQuota() int64 {
+	if x != nil {
+		return x.Quota
+	}
+	return 0
+}
+
+func (x *LinuxCPU) GetPeriod() uint64 {
+	if x != nil {
+		return x.Period
+	}
+	return 0
+}
+
+func (x *LinuxCPU) GetRealtimeRuntime() int64 {
+	if x != nil {
+		return x.RealtimeRuntime
+	}
+	return 0
+}
+
+func (x *LinuxCPU) GetRealtimePeriod() uint64 {
+	if x != nil {
+		return x.RealtimePeriod
+	}
+	return 0
+}
+
+func (x *LinuxCPU) GetCpus() string {
+	if x != nil {
+		return x.Cpus
+	}
+	return ""
+}
+
+func (x *LinuxCPU) GetMems() string {
+	if x != nil {
+		return x.Mems
+	}
+	return ""
+}
+
+type LinuxPids struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Limit         int64                  `protobuf:"varint,1,opt,name=Limit,proto3" json:"Limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LinuxPids) Reset() {
+	*x = LinuxPids{}
+	mi := &file_oci_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LinuxPids) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LinuxPids) ProtoMessage() {}
+
+func (x *LinuxPids) ProtoReflect() protoreflect.Message {
+	mi := &file_oci_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LinuxPids.ProtoReflect.Descriptor instead.
+func (*LinuxPids) Descriptor() ([]byte, []int) {
+	return file_oci_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *LinuxPids) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type LinuxDeviceCgroup struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Allow         bool                   `protobuf:"varint,1,opt,name=Allow,proto3" json:"Allow,omitempty"`
+	Type          string                 `protobuf:"bytes,2,opt,name=Type,proto3" json:"Type,omitempty"`
+	Major         int64                  `protobuf:"varint,3,opt,name=Major,proto3" json:"Major,omitempty"`
+	Minor         int64                  `protobuf:"varint,4,opt,name=Minor,proto3" json:"Minor,omitempty"`
+	Access        string                 `protobuf:"bytes,5,opt,name=Access,proto3" json:"Access,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LinuxDeviceCgroup) Reset() {
+	*x = LinuxDeviceCgroup{}
+	mi := &file_oci_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LinuxDeviceCgroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LinuxDeviceCgroup) ProtoMessage() {}
+
+func (x *LinuxDeviceCgroup) ProtoReflect() protoreflect.Message {
+	mi := &file_oci_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LinuxDeviceCgroup.ProtoReflect.Descriptor instead.
+func (*LinuxDeviceCgroup) Descriptor() ([]byte, []int) {
+	return file_oci_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *LinuxDeviceCgroup) GetAllow() bool {
+	if x != nil {
+		return x.Allow
+	}
+	return false
+}
+
+func (x *LinuxDeviceCgroup) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *LinuxDeviceCgroup) GetMajor() int64 {
+	if x != nil {
+		return x.Major
+	}
+	return 0
+}
+
+func (x *LinuxDeviceCgroup) GetMinor() int64 {
+	if x != nil {
+		return x.Minor
+	}
+	return 0
+}
+
+func (x *LinuxDeviceCgroup) GetAccess() string {
+	if x != nil {
+		return x.Access
+	}
+	return ""
+}
+
+type LinuxSeccomp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DefaultAction string                 `protobuf:"bytes,1,opt,name=DefaultAction,proto3" json:"DefaultAction,omitempty"`
+	Architectures []string               `protobuf:"bytes,2,rep,name=Architectures,proto3" json:"Architectures,omitempty"`
+	Flags         []string               `protobuf:"bytes,3,rep,name=Flags,proto3" json:"Flags,omitempty"`
+	Syscalls      []*LinuxSyscall        `protobuf:"bytes,4,rep,name=Syscalls,proto3" json:"Syscalls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LinuxSeccomp) Reset() {
+	*x = LinuxSeccomp{}
+	mi := &file_oci_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LinuxSeccomp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LinuxSeccomp) ProtoMessage() {}
+
+func (x *LinuxSeccomp) ProtoReflect() protoreflect.Message {
+	mi := &file_oci_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LinuxSeccomp.ProtoReflect.Descriptor instead.
+func (*LinuxSeccomp) Descriptor() ([]byte, []int) {
+	return file_oci_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *LinuxSeccomp) GetDefaultAction() string {
+	if x != nil {
+		return x.DefaultAction
+	}
+	return ""
+}
+
+func (x *LinuxSeccomp) GetArchitectures() []string {
+	if x != nil {
+		return x.Architectures
+	}
+	return nil
+}
+
+func (x *LinuxSeccomp) GetFlags() []string {
+	if x != nil {
+		return x.Flags
+	}
+	return nil
+}
+
+func (x *LinuxSeccomp) GetSyscalls() []*LinuxSyscall {
+	if x != nil {
+		return x.Syscalls
+	}
+	return nil
+}
+
+type LinuxSeccompArg struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint64                 `protobuf:"varint,1,opt,name=Index,proto3" json:"Index,omitempty"`
+	Value         uint64                 `protobuf:"varint,2,opt,name=Value,proto3" json:"Value,omitempty"`
+	ValueTwo      uint64                 `protobuf:"varint,3,opt,name=ValueTwo,proto3" json:"ValueTwo,omitempty"`
+	Op            string                 `protobuf:"bytes,4,opt,name=Op,proto3" json:"Op,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LinuxSeccompArg) Reset() {
+	*x = LinuxSeccompArg{}
+	mi := &file_oci_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LinuxSeccompArg) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LinuxSeccompArg) ProtoMessage() {}
+
+func (x *LinuxSeccompArg) ProtoReflect() protoreflect.Message {
+	mi := &file_oci_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LinuxSeccompArg.ProtoReflect.Descriptor instead.
+func (*LinuxSeccompArg) Descriptor() ([]byte, []int) {
+	return file_oci_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *LinuxSeccompArg) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *LinuxSeccompArg) GetValue() uint64 {
+	if x != nil {
+		return x.Value
+	}
+	return 0
+}
+
+func (x *LinuxSeccompArg) GetValueTwo() uint64 {
+	if x != nil {
+		return x.ValueTwo
+	}
+	return 0
+}
+
+func (x *LinuxSeccompArg) GetOp() string {
+	if x != nil {
+		return x.Op
+	}
+	return ""
+}
+
+type LinuxSyscall struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Names  []string               `protobuf:"bytes,1,rep,name=Names,proto3" json:"Names,omitempty"`
+	Action string                 `protobuf:"bytes,2,opt,name=Action,proto3" json:"Action,omitempty"`
+	// Types that are valid to be assigned to ErrnoRet:
+	//
+	//	*LinuxSyscall_Errnoret
+	ErrnoRet      isLinuxSyscall_ErrnoRet `protobuf_oneof:"ErrnoRet"`
+	Args          []*LinuxSeccompArg      `protobuf:"bytes,4,rep,name=Args,proto3" json:"Args,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LinuxSyscall) Reset() {
+	*x = LinuxSyscall{}
+	mi := &file_oci_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LinuxSyscall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LinuxSyscall) ProtoMessage() {}
+
+func (x *LinuxSyscall) ProtoReflect() protoreflect.Message {
+	mi := &file_oci_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LinuxSyscall.ProtoReflect.Descriptor instead.
+func (*LinuxSyscall) Descriptor() ([]byte, []int) {
+	return file_oci_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *LinuxSyscall) GetNames() []string {
+	if x != nil {
+		return x.Names
+	}
+	return nil
+}
+
+func (x *LinuxSyscall) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *LinuxSyscall) GetErrnoRet() isLinuxSyscall_ErrnoRet {
+	if x != nil {
+		return x.ErrnoRet
+	}
+	return nil
+}
+
+func (x *LinuxSyscall) GetErrnoret() uint32 {
+	if x != nil {
+		if x, ok := x.ErrnoRet.(*LinuxSyscall_Errnoret); ok {
+			return x.Errnoret
+		}
+	}
+	return 0
+}
+
+func (x *LinuxSyscall) GetArgs() []*LinuxSeccompArg {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+type isLinuxSyscall_ErrnoRet interface {
+	isLinuxSyscall_ErrnoRet()
+}
+
+type LinuxSyscall_Errnoret struct {
+	Errnoret uint32 `protobuf:"varint,3,opt,name=errnoret,proto3,oneof"`
+}
+
+func (*LinuxSyscall_Errnoret) isLinuxSyscall_ErrnoRet() {}
+
 type LinuxNamespace struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Type          string                 `protobuf:"bytes,1,opt,name=Type,proto3" json:"Type,omitempty"`
@@ -538,7 +1438,7 @@ type LinuxNamespace struct {
 
 func (x *LinuxNamespace) Reset() {
 	*x = LinuxNamespace{}
-	mi := &file_oci_proto_msgTypes[7]
+	mi := &file_oci_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -550,7 +1450,7 @@ func (x *LinuxNamespace) String() string {
 func (*LinuxNamespace) ProtoMessage() {}
 
 func (x *LinuxNamespace) ProtoReflect() protoreflect.Message {
-	mi := &file_oci_proto_msgTypes[7]
+	mi := &file_oci_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -563,7 +1463,7 @@ func (x *LinuxNamespace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinuxNamespace.ProtoReflect.Descriptor instead.
 func (*LinuxNamespace) Descriptor() ([]byte, []int) {
-	return file_oci_proto_rawDescGZIP(), []int{7}
+	return file_oci_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LinuxNamespace) GetType() string {
@@ -596,7 +1496,7 @@ const file_oci_proto_rawDesc = "" +
 	"\x05Linux\x18\b \x01(\v2\v.grpc.LinuxR\x05Linux\x1a>\n" +
 	"\x10AnnotationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd4\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xae\x03\n" +
 	"\aProcess\x12\x1a\n" +
 	"\bTerminal\x18\x01 \x01(\bR\bTerminal\x12+\n" +
 	"\vConsoleSize\x18\x02 \x01(\v2\t.grpc.BoxR\vConsoleSize\x12\x1e\n" +
@@ -604,8 +1504,24 @@ const file_oci_proto_rawDesc = "" +
 	".grpc.UserR\x04User\x12\x12\n" +
 	"\x04Args\x18\x04 \x03(\tR\x04Args\x12\x10\n" +
 	"\x03Env\x18\x05 \x03(\tR\x03Env\x12\x10\n" +
-	"\x03Cwd\x18\x06 \x01(\tR\x03Cwd\x12(\n" +
-	"\x0fNoNewPrivileges\x18\t \x01(\bR\x0fNoNewPrivileges\"3\n" +
+	"\x03Cwd\x18\x06 \x01(\tR\x03Cwd\x12;\n" +
+	"\fCapabilities\x18\a \x01(\v2\x17.grpc.LinuxCapabilitiesR\fCapabilities\x12+\n" +
+	"\aRlimits\x18\b \x03(\v2\x11.grpc.POSIXRlimitR\aRlimits\x12(\n" +
+	"\x0fNoNewPrivileges\x18\t \x01(\bR\x0fNoNewPrivileges\x12(\n" +
+	"\x0fApparmorProfile\x18\n" +
+	" \x01(\tR\x0fApparmorProfile\x12 \n" +
+	"\vOOMScoreAdj\x18\v \x01(\x03R\vOOMScoreAdj\x12\"\n" +
+	"\fSelinuxLabel\x18\f \x01(\tR\fSelinuxLabel\"\xa7\x01\n" +
+	"\x11LinuxCapabilities\x12\x1a\n" +
+	"\bBounding\x18\x01 \x03(\tR\bBounding\x12\x1c\n" +
+	"\tEffective\x18\x02 \x03(\tR\tEffective\x12 \n" +
+	"\vInheritable\x18\x03 \x03(\tR\vInheritable\x12\x1c\n" +
+	"\tPermitted\x18\x04 \x03(\tR\tPermitted\x12\x18\n" +
+	"\aAmbient\x18\x05 \x03(\tR\aAmbient\"I\n" +
+	"\vPOSIXRlimit\x12\x12\n" +
+	"\x04Type\x18\x01 \x01(\tR\x04Type\x12\x12\n" +
+	"\x04Hard\x18\x02 \x01(\x04R\x04Hard\x12\x12\n" +
+	"\x04Soft\x18\x03 \x01(\x04R\x04Soft\"3\n" +
 	"\x03Box\x12\x16\n" +
 	"\x06Height\x18\x01 \x01(\rR\x06Height\x12\x14\n" +
 	"\x05Width\x18\x02 \x01(\rR\x05Width\"n\n" +
@@ -621,19 +1537,79 @@ const file_oci_proto_rawDesc = "" +
 	"\aoptions\x18\x04 \x03(\tR\aoptions\"6\n" +
 	"\x04Root\x12\x12\n" +
 	"\x04Path\x18\x01 \x01(\tR\x04Path\x12\x1a\n" +
-	"\bReadonly\x18\x02 \x01(\bR\bReadonly\"\x93\x02\n" +
+	"\bReadonly\x18\x02 \x01(\bR\bReadonly\"\xd0\x03\n" +
 	"\x05Linux\x12/\n" +
-	"\x06Sysctl\x18\x03 \x03(\v2\x17.grpc.Linux.SysctlEntryR\x06Sysctl\x12 \n" +
+	"\x06Sysctl\x18\x03 \x03(\v2\x17.grpc.Linux.SysctlEntryR\x06Sysctl\x122\n" +
+	"\tResources\x18\x04 \x01(\v2\x14.grpc.LinuxResourcesR\tResources\x12 \n" +
 	"\vCgroupsPath\x18\x05 \x01(\tR\vCgroupsPath\x124\n" +
 	"\n" +
 	"Namespaces\x18\x06 \x03(\v2\x14.grpc.LinuxNamespaceR\n" +
-	"Namespaces\x12 \n" +
+	"Namespaces\x12+\n" +
+	"\aDevices\x18\a \x03(\v2\x11.grpc.LinuxDeviceR\aDevices\x12,\n" +
+	"\aSeccomp\x18\b \x01(\v2\x12.grpc.LinuxSeccompR\aSeccomp\x12,\n" +
+	"\x11RootfsPropagation\x18\t \x01(\tR\x11RootfsPropagation\x12 \n" +
 	"\vMaskedPaths\x18\n" +
 	" \x03(\tR\vMaskedPaths\x12$\n" +
 	"\rReadonlyPaths\x18\v \x03(\tR\rReadonlyPaths\x1a9\n" +
 	"\vSysctlEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"8\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa1\x01\n" +
+	"\vLinuxDevice\x12\x12\n" +
+	"\x04Path\x18\x01 \x01(\tR\x04Path\x12\x12\n" +
+	"\x04Type\x18\x02 \x01(\tR\x04Type\x12\x14\n" +
+	"\x05Major\x18\x03 \x01(\x03R\x05Major\x12\x14\n" +
+	"\x05Minor\x18\x04 \x01(\x03R\x05Minor\x12\x1a\n" +
+	"\bFileMode\x18\x05 \x01(\rR\bFileMode\x12\x10\n" +
+	"\x03UID\x18\x06 \x01(\rR\x03UID\x12\x10\n" +
+	"\x03GID\x18\a \x01(\rR\x03GID\"\xb5\x01\n" +
+	"\x0eLinuxResources\x121\n" +
+	"\aDevices\x18\x01 \x03(\v2\x17.grpc.LinuxDeviceCgroupR\aDevices\x12)\n" +
+	"\x06Memory\x18\x02 \x01(\v2\x11.grpc.LinuxMemoryR\x06Memory\x12 \n" +
+	"\x03CPU\x18\x03 \x01(\v2\x0e.grpc.LinuxCPUR\x03CPU\x12#\n" +
+	"\x04Pids\x18\x04 \x01(\v2\x0f.grpc.LinuxPidsR\x04Pids\"\xdb\x01\n" +
+	"\vLinuxMemory\x12\x14\n" +
+	"\x05Limit\x18\x01 \x01(\x03R\x05Limit\x12 \n" +
+	"\vReservation\x18\x02 \x01(\x03R\vReservation\x12\x12\n" +
+	"\x04Swap\x18\x03 \x01(\x03R\x04Swap\x12\x16\n" +
+	"\x06Kernel\x18\x04 \x01(\x03R\x06Kernel\x12\x1c\n" +
+	"\tKernelTCP\x18\x05 \x01(\x03R\tKernelTCP\x12\x1e\n" +
+	"\n" +
+	"Swappiness\x18\x06 \x01(\x04R\n" +
+	"Swappiness\x12*\n" +
+	"\x10DisableOOMKiller\x18\a \x01(\bR\x10DisableOOMKiller\"\xca\x01\n" +
+	"\bLinuxCPU\x12\x16\n" +
+	"\x06Shares\x18\x01 \x01(\x04R\x06Shares\x12\x14\n" +
+	"\x05Quota\x18\x02 \x01(\x03R\x05Quota\x12\x16\n" +
+	"\x06Period\x18\x03 \x01(\x04R\x06Period\x12(\n" +
+	"\x0fRealtimeRuntime\x18\x04 \x01(\x03R\x0fRealtimeRuntime\x12&\n" +
+	"\x0eRealtimePeriod\x18\x05 \x01(\x04R\x0eRealtimePeriod\x12\x12\n" +
+	"\x04Cpus\x18\x06 \x01(\tR\x04Cpus\x12\x12\n" +
+	"\x04Mems\x18\a \x01(\tR\x04Mems\"!\n" +
+	"\tLinuxPids\x12\x14\n" +
+	"\x05Limit\x18\x01 \x01(\x03R\x05Limit\"\x81\x01\n" +
+	"\x11LinuxDeviceCgroup\x12\x14\n" +
+	"\x05Allow\x18\x01 \x01(\bR\x05Allow\x12\x12\n" +
+	"\x04Type\x18\x02 \x01(\tR\x04Type\x12\x14\n" +
+	"\x05Major\x18\x03 \x01(\x03R\x05Major\x12\x14\n" +
+	"\x05Minor\x18\x04 \x01(\x03R\x05Minor\x12\x16\n" +
+	"\x06Access\x18\x05 \x01(\tR\x06Access\"\xa0\x01\n" +
+	"\fLinuxSeccomp\x12$\n" +
+	"\rDefaultAction\x18\x01 \x01(\tR\rDefaultAction\x12$\n" +
+	"\rArchitectures\x18\x02 \x03(\tR\rArchitectures\x12\x14\n" +
+	"\x05Flags\x18\x03 \x03(\tR\x05Flags\x12.\n" +
+	"\bSyscalls\x18\x04 \x03(\v2\x12.grpc.LinuxSyscallR\bSyscalls\"i\n" +
+	"\x0fLinuxSeccompArg\x12\x14\n" +
+	"\x05Index\x18\x01 \x01(\x04R\x05Index\x12\x14\n" +
+	"\x05Value\x18\x02 \x01(\x04R\x05Value\x12\x1a\n" +
+	"\bValueTwo\x18\x03 \x01(\x04R\bValueTwo\x12\x0e\n" +
+	"\x02Op\x18\x04 \x01(\tR\x02Op\"\x91\x01\n" +
+	"\fLinuxSyscall\x12\x14\n" +
+	"\x05Names\x18\x01 \x03(\tR\x05Names\x12\x16\n" +
+	"\x06Action\x18\x02 \x01(\tR\x06Action\x12\x1c\n" +
+	"\berrnoret\x18\x03 \x01(\rH\x00R\berrnoret\x12)\n" +
+	"\x04Args\x18\x04 \x03(\v2\x15.grpc.LinuxSeccompArgR\x04ArgsB\n" +
+	"\n" +
+	"\bErrnoRet\"8\n" +
 	"\x0eLinuxNamespace\x12\x12\n" +
 	"\x04Type\x18\x01 \x01(\tR\x04Type\x12\x12\n" +
 	"\x04Path\x18\x02 \x01(\tR\x04PathB.Z,github.com/kata-fsx/kata-fsx/agent/protocolsb\x06proto3"
@@ -650,34 +1626,56 @@ func file_oci_proto_rawDescGZIP() []byte {
 	return file_oci_proto_rawDescData
 }
 
-var file_oci_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_oci_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_oci_proto_goTypes = []any{
-	(*Spec)(nil),           // 0: grpc.Spec
-	(*Process)(nil),        // 1: grpc.Process
-	(*Box)(nil),            // 2: grpc.Box
-	(*User)(nil),           // 3: grpc.User
-	(*Mount)(nil),          // 4: grpc.Mount
-	(*Root)(nil),           // 5: grpc.Root
-	(*Linux)(nil),          // 6: grpc.Linux
-	(*LinuxNamespace)(nil), // 7: grpc.LinuxNamespace
-	nil,                    // 8: grpc.Spec.AnnotationsEntry
-	nil,                    // 9: grpc.Linux.SysctlEntry
+	(*Spec)(nil),              // 0: grpc.Spec
+	(*Process)(nil),           // 1: grpc.Process
+	(*LinuxCapabilities)(nil), // 2: grpc.LinuxCapabilities
+	(*POSIXRlimit)(nil),       // 3: grpc.POSIXRlimit
+	(*Box)(nil),               // 4: grpc.Box
+	(*User)(nil),              // 5: grpc.User
+	(*Mount)(nil),             // 6: grpc.Mount
+	(*Root)(nil),              // 7: grpc.Root
+	(*Linux)(nil),             // 8: grpc.Linux
+	(*LinuxDevice)(nil),       // 9: grpc.LinuxDevice
+	(*LinuxResources)(nil),    // 10: grpc.LinuxResources
+	(*LinuxMemory)(nil),       // 11: grpc.LinuxMemory
+	(*LinuxCPU)(nil),          // 12: grpc.LinuxCPU
+	(*LinuxPids)(nil),         // 13: grpc.LinuxPids
+	(*LinuxDeviceCgroup)(nil), // 14: grpc.LinuxDeviceCgroup
+	(*LinuxSeccomp)(nil),      // 15: grpc.LinuxSeccomp
+	(*LinuxSeccompArg)(nil),   // 16: grpc.LinuxSeccompArg
+	(*LinuxSyscall)(nil),      // 17: grpc.LinuxSyscall
+	(*LinuxNamespace)(nil),    // 18: grpc.LinuxNamespace
+	nil,                       // 19: grpc.Spec.AnnotationsEntry
+	nil,                       // 20: grpc.Linux.SysctlEntry
 }
 var file_oci_proto_depIdxs = []int32{
-	1, // 0: grpc.Spec.Process:type_name -> grpc.Process
-	5, // 1: grpc.Spec.Root:type_name -> grpc.Root
-	4, // 2: grpc.Spec.Mounts:type_name -> grpc.Mount
-	8, // 3: grpc.Spec.Annotations:type_name -> grpc.Spec.AnnotationsEntry
-	6, // 4: grpc.Spec.Linux:type_name -> grpc.Linux
-	2, // 5: grpc.Process.ConsoleSize:type_name -> grpc.Box
-	3, // 6: grpc.Process.User:type_name -> grpc.User
-	9, // 7: grpc.Linux.Sysctl:type_name -> grpc.Linux.SysctlEntry
-	7, // 8: grpc.Linux.Namespaces:type_name -> grpc.LinuxNamespace
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	1,  // 0: grpc.Spec.Process:type_name -> grpc.Process
+	7,  // 1: grpc.Spec.Root:type_name -> grpc.Root
+	6,  // 2: grpc.Spec.Mounts:type_name -> grpc.Mount
+	19, // 3: grpc.Spec.Annotations:type_name -> grpc.Spec.AnnotationsEntry
+	8,  // 4: grpc.Spec.Linux:type_name -> grpc.Linux
+	4,  // 5: grpc.Process.ConsoleSize:type_name -> grpc.Box
+	5,  // 6: grpc.Process.User:type_name -> grpc.User
+	2,  // 7: grpc.Process.Capabilities:type_name -> grpc.LinuxCapabilities
+	3,  // 8: grpc.Process.Rlimits:type_name -> grpc.POSIXRlimit
+	20, // 9: grpc.Linux.Sysctl:type_name -> grpc.Linux.SysctlEntry
+	10, // 10: grpc.Linux.Resources:type_name -> grpc.LinuxResources
+	18, // 11: grpc.Linux.Namespaces:type_name -> grpc.LinuxNamespace
+	9,  // 12: grpc.Linux.Devices:type_name -> grpc.LinuxDevice
+	15, // 13: grpc.Linux.Seccomp:type_name -> grpc.LinuxSeccomp
+	14, // 14: grpc.LinuxResources.Devices:type_name -> grpc.LinuxDeviceCgroup
+	11, // 15: grpc.LinuxResources.Memory:type_name -> grpc.LinuxMemory
+	12, // 16: grpc.LinuxResources.CPU:type_name -> grpc.LinuxCPU
+	13, // 17: grpc.LinuxResources.Pids:type_name -> grpc.LinuxPids
+	17, // 18: grpc.LinuxSeccomp.Syscalls:type_name -> grpc.LinuxSyscall
+	16, // 19: grpc.LinuxSyscall.Args:type_name -> grpc.LinuxSeccompArg
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_oci_proto_init() }
@@ -685,13 +1683,16 @@ func file_oci_proto_init() {
 	if File_oci_proto != nil {
 		return
 	}
+	file_oci_proto_msgTypes[17].OneofWrappers = []any{
+		(*LinuxSyscall_Errnoret)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_oci_proto_rawDesc), len(file_oci_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
