@@ -113,6 +113,9 @@ type Agent struct {
 // Runtime is Kata's [runtime] table.
 type Runtime struct {
 	EnableDebug bool `toml:"enable_debug"`
+	// InterNetworkingModel is how the pod's network namespace reaches the
+	// VM: "tcfilter" (Kata's default) or "none" (no NIC).
+	InterNetworkingModel string `toml:"internetworking_model"`
 }
 
 // ImagefsBlk is the [kata_fsx.imagefs_blk] table: the in-process block backend.
@@ -206,6 +209,7 @@ func Default() *Config {
 			VhostUserStorePath: "/var/run/kata-containers/vhost-user",
 		}},
 		Agent: agentTable{Kata: Agent{DialTimeout: 45}},
+		Runtime: Runtime{InterNetworkingModel: "tcfilter"},
 		KataFSX: KataFSX{
 			Accelerator:    AccelAuto,
 			AgentTransport: TransportAuto,
