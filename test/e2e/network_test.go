@@ -2,13 +2,20 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // The network tests keep their traffic inside namespaces (and, for CNI, a
@@ -200,6 +207,36 @@ func TestNetworkCtrWithNS(t *testing.T) {
 	waitUnwired(wctx, t, pod, "eth0")
 	wcancel()
 
+	// A pod whose VM does not start after its namespace was wired is
+	// unwired by the failed start's cleanup.
+	t.Run("failed boot", func(t *testing.T) {
+		b, err := os.ReadFile(ce.config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bad := filepath.Join(t.TempDir(), "configuration.toml")
+		cfg := regexp.MustCompile(`(?m)^initrd = .*$`).ReplaceAll(b, []byte(`initrd = "/nonexistent/kata-fsx-initrd.img"`))
+		if err := os.WriteFile(bad, cfg, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r := ce.ctr(ctx, "run", "--rm", "--runtime", "io.containerd.kata-fsx.v2", "--runtime-config-path", bad,
+			"--with-ns", "network:"+nsPath, ce.image, "net-fail", "/bin/true")
+		if r.code == 0 {
+			t.Fatalf("ctr run with a missing initrd succeeded")
+		}
+		wired := regexp.MustCompile(`network: 1 interface\(s\) of ` + regexp.QuoteMeta(nsPath) + `.*sandbox=net-fail`)
+		if !wired.MatchString(ce.logTail(1<<20)) {
+			t.Errorf("the failed pod never wired the namespace: the test shows nothing")
+		}
+		if !strings.Contains(r.stderr, "start QEMU") {
+			t.Errorf("ctr run failed for another reason than QEMU's start: %s", r.stderr)
+		}
+		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+		waitUnwired(wctx, t, pod, "eth0")
+		wcancel()
+		ce.ctr(ctx, "containers", "delete", "net-fail")
+	})
+
 	t.Run("internetworking_model none", func(t *testing.T) {
 		b, err := os.ReadFile(ce.config)
 		if err != nil {
@@ -221,4 +258,292 @@ func TestNetworkCtrWithNS(t *testing.T) {
 			t.Errorf("internetworking_model = none wired the namespace: taps %q filters %q", taps, filters)
 		}
 	})
+}
+
+// cniBridgeNet sets up the CNI network of c's CRI plugin from
+// deploy/cni/10-kata-fsx-bridge.conflist with the test's own bridge,
+// subnet and IPAM directory, and Debian's plugins linked into its bin_dir.
+// It returns the bridge's name; the bridge is removed (and its removal
+// checked) at the end of the test, after the pods and containerd.
+func cniBridgeNet(t *testing.T, dir, subnet string) string {
+	t.Helper()
+	const plugins = "/usr/lib/cni"
+	for _, p := range []string{"bridge", "host-local", "loopback"} {
+		if _, err := os.Stat(filepath.Join(plugins, p)); err != nil {
+			testenv.Missing(t, "CNI plugin %s (apt-get install containernetworking-plugins): %v", p, err)
+		}
+		if err := os.Symlink(filepath.Join(plugins, p), filepath.Join(dir, "cni", "bin", p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	br := fmt.Sprintf("kfsxbr%d", os.Getpid()%100000)
+	b, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "cni", "10-kata-fsx-bridge.conflist"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conf map[string]any
+	if err := json.Unmarshal(b, &conf); err != nil {
+		t.Fatalf("deploy/cni/10-kata-fsx-bridge.conflist: %v", err)
+	}
+	// The deploy file's bridge plugin, confined: no NAT or port mapping
+	// rules on the host, a subnet and a bridge of the test's own.
+	bridge := conf["plugins"].([]any)[0].(map[string]any)
+	bridge["bridge"], bridge["ipMasq"] = br, false
+	ipam := bridge["ipam"].(map[string]any)
+	ipam["ranges"] = []any{[]any{map[string]any{"subnet": subnet}}}
+	ipam["dataDir"] = filepath.Join(dir, "cni", "ipam")
+	conf["plugins"] = []any{bridge}
+	conf["name"] = "kata-fsx-e2e"
+	out, _ := json.MarshalIndent(conf, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "cni", "net.d", "10-kata-fsx-e2e.conflist"), out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		exec.Command("ip", "link", "del", br).Run()
+		if out, err := exec.Command("ip", "-o", "link", "show", br).CombinedOutput(); err == nil {
+			t.Errorf("bridge %s left behind: %s", br, out)
+		}
+	})
+	return br
+}
+
+// crictlOut runs crictl and returns its stdout; crictl warns on stderr,
+// which the error carries.
+func (c *criEnv) crictlOut(ctx context.Context, t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	full := append([]string{"--runtime-endpoint", "unix://" + c.sock, "--image-endpoint", "unix://" + c.sock, "--timeout", "2m"}, args...)
+	cmd := exec.CommandContext(ctx, crictl(t), full...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("crictl %s: %w\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return string(out), nil
+}
+
+// crictlJSON runs crictl and decodes its JSON output into v.
+func (c *criEnv) crictlJSON(ctx context.Context, t *testing.T, v any, args ...string) {
+	t.Helper()
+	out, err := c.crictlOut(ctx, t, args...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		t.Fatalf("crictl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// writeJSON writes v as a crictl config file in dir.
+func writeJSON(t *testing.T, dir, name string, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// cniPod is a pod of TestNetworkCRIWithCNI.
+type cniPod struct {
+	name, backend      string
+	podJSON, ctrJSON   string
+	id, ctr, ip, netns string
+}
+
+// TestNetworkCRIWithCNI drives pods through crictl as the kubelet would,
+// with containerd's CRI plugin running Debian's CNI bridge and host-local
+// plugins: two pods at once, one per backend, each gets its address on the
+// bridge's subnet, a server in each is reached from the other pod and from
+// the test's own namespace, and each pod's /etc/resolv.conf and /etc/hosts
+// are the files the CRI made. After the pods, their namespaces are gone,
+// the bridge has no port and the IPAM no address, and no tap is left.
+func TestNetworkCRIWithCNI(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for CNI")
+	}
+	crictl(t)
+	const subnet, gw = "10.254.61.0/24", "10.254.61.1"
+	c := newCRIEnv(t)
+	br := cniBridgeNet(t, c.dir, subnet)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	// The CRI plugin picks the configuration up from conf_dir.
+	for {
+		var info struct {
+			Status struct {
+				Conditions []struct {
+					Type   string `json:"type"`
+					Status bool   `json:"status"`
+				} `json:"conditions"`
+			} `json:"status"`
+		}
+		c.crictlJSON(ctx, t, &info, "info")
+		ready := false
+		for _, cd := range info.Status.Conditions {
+			ready = ready || cd.Type == "NetworkReady" && cd.Status
+		}
+		if ready {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the CRI never reported NetworkReady with the CNI configuration\n%s", c.logTail(4000))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+
+	cfgDir := t.TempDir()
+	pods := []*cniPod{{name: "net-virtiofs", backend: "virtio-fs"}, {name: "net-imagefsblk", backend: "imagefs-blk"}}
+	for _, p := range pods {
+		cfg := c.podConfig(p.name, p.backend)
+		cfg.Linux.SecurityContext.NamespaceOptions = &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_POD}
+		cfg.DnsConfig = &runtimeapi.DNSConfig{Servers: []string{"10.254.61.53"}, Searches: []string{p.name + ".kata-fsx.test"}, Options: []string{"ndots:3"}}
+		if err := os.MkdirAll(cfg.LogDirectory, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		p.podJSON = writeJSON(t, cfgDir, p.name+"-pod.json", cfg)
+		p.ctrJSON = writeJSON(t, cfgDir, p.name+"-ctr.json", &runtimeapi.ContainerConfig{
+			Metadata: &runtimeapi.ContainerMetadata{Name: "web"},
+			Image:    &runtimeapi.ImageSpec{Image: criBusyboxImage},
+			Command:  []string{"/bin/sh", "-c", "mkdir -p /www && echo from-" + p.name + " > /www/index.html && exec httpd -f -p 8080 -h /www"},
+			LogPath:  "web.log",
+		})
+	}
+	// Both pods boot at once.
+	errs := make(chan error, len(pods))
+	for _, p := range pods {
+		go func() {
+			out, err := c.crictlOut(ctx, t, "runp", "--runtime", criRuntime, p.podJSON)
+			if err != nil {
+				errs <- fmt.Errorf("crictl runp %s: %v\n%s", p.name, err, out)
+				return
+			}
+			p.id = strings.TrimSpace(out)
+			errs <- c.trackShim(p.id)
+		}()
+	}
+	for range pods {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, ipnet, _ := net.ParseCIDR(subnet)
+	for _, p := range pods {
+		out, err := c.crictlOut(ctx, t, "create", p.id, p.ctrJSON, p.podJSON)
+		if err != nil {
+			t.Fatalf("crictl create %s: %v\n%s", p.name, err, out)
+		}
+		p.ctr = strings.TrimSpace(out)
+		if out, err := c.crictlOut(ctx, t, "start", p.ctr); err != nil {
+			t.Fatalf("crictl start %s: %v\n%s", p.name, err, out)
+		}
+		var insp struct {
+			Status struct {
+				Network struct {
+					IP string `json:"ip"`
+				} `json:"network"`
+			} `json:"status"`
+			Info struct {
+				RuntimeSpec struct {
+					Linux struct {
+						Namespaces []struct{ Type, Path string } `json:"namespaces"`
+					} `json:"linux"`
+				} `json:"runtimeSpec"`
+			} `json:"info"`
+		}
+		c.crictlJSON(ctx, t, &insp, "inspectp", "-o", "json", p.id)
+		p.ip = insp.Status.Network.IP
+		for _, ns := range insp.Info.RuntimeSpec.Linux.Namespaces {
+			if ns.Type == "network" {
+				p.netns = ns.Path
+			}
+		}
+		if ip := net.ParseIP(p.ip); ip == nil || !ipnet.Contains(ip) || p.ip == gw {
+			t.Fatalf("pod %s: IP %q, want one of %s", p.name, p.ip, subnet)
+		}
+		if p.netns == "" {
+			t.Fatalf("pod %s: no network namespace path in its sandbox spec", p.name)
+		}
+		t.Logf("pod %s (%s): %s in %s", p.name, p.backend, p.ip, p.netns)
+		if !strings.Contains(c.logTail(1<<24), "network: 1 interface(s) of "+p.netns+" through tcfilter") {
+			t.Errorf("pod %s: the shim did not wire %s", p.name, p.netns)
+		}
+		// The CNI's interface is the guest's, with the pod's address.
+		out, err = c.crictlOut(ctx, t, "exec", "-s", p.ctr, "/bin/sh", "-c", "ip -o -4 addr show dev eth0")
+		if err != nil || !strings.Contains(out, "inet "+p.ip+"/24") {
+			t.Errorf("pod %s: guest eth0 %q (%v), want %s/24", p.name, out, err, p.ip)
+		}
+	}
+	if q := pidsOf(c.stateDir, "qemu-system"); len(q) != 2 {
+		t.Errorf("want the two pods' QEMUs side by side, found %v", q)
+	}
+
+	t.Run("reach", func(t *testing.T) {
+		for i, p := range pods {
+			other := pods[1-i]
+			fctx, fcancel := context.WithTimeout(ctx, time.Minute)
+			got, err := fetchFrom(fctx, "", p.ip, "8080")
+			fcancel()
+			if err != nil || got != "from-"+p.name+"\n" {
+				t.Errorf("the test's namespace fetching from pod %s at %s: %q, %v", p.name, p.ip, got, err)
+			}
+			out, err := c.crictlOut(ctx, t, "exec", "-s", other.ctr, "/bin/sh", "-c", httpGet(p.ip, "8080"))
+			// crictl exec -s ends what it prints with newlines of its own.
+			if err != nil || strings.TrimSpace(out) != "from-"+p.name {
+				t.Errorf("pod %s fetching from pod %s at %s: %q, %v", other.name, p.name, p.ip, out, err)
+			}
+		}
+	})
+
+	// Host bind mounts of the pod's files: what CRI wrote is what the
+	// container reads.
+	t.Run("CRI files", func(t *testing.T) {
+		for _, p := range pods {
+			for _, f := range []string{"resolv.conf", "hosts"} {
+				want, err := os.ReadFile(filepath.Join(c.dir, "root", "io.containerd.grpc.v1.cri", "sandboxes", p.id, f))
+				if err != nil {
+					t.Fatalf("the CRI's %s of pod %s: %v", f, p.name, err)
+				}
+				got, err := c.crictlOut(ctx, t, "exec", "-s", p.ctr, "/bin/sh", "-c", "cat /etc/"+f+" 2>&1")
+				if err != nil || strings.TrimSpace(got) != strings.TrimSpace(string(want)) {
+					t.Errorf("pod %s: /etc/%s in the container is %q (%v), want the CRI's file %q", p.name, f, got, err, want)
+				}
+			}
+		}
+	})
+
+	for _, p := range pods {
+		if out, err := c.crictlOut(ctx, t, "stopp", p.id); err != nil {
+			t.Errorf("crictl stopp %s: %v\n%s", p.name, err, out)
+		}
+		if out, err := c.crictlOut(ctx, t, "rmp", p.id); err != nil {
+			t.Errorf("crictl rmp %s: %v\n%s", p.name, err, out)
+		}
+	}
+	if left := lingering(ctx, c.sock); len(left) > 0 {
+		t.Errorf("shim, QEMU or virtiofsd still running after the pods' removal: %v", left)
+	}
+	for _, p := range pods {
+		if _, err := os.Stat(p.netns); err == nil {
+			t.Errorf("pod %s: network namespace %s left behind", p.name, p.netns)
+		}
+	}
+	if out := netTool(t, "ip", "-o", "link", "show", "master", br); strings.TrimSpace(out) != "" {
+		t.Errorf("bridge %s still has ports:\n%s", br, out)
+	}
+	if out := netTool(t, "ip", "-o", "link", "show"); strings.Contains(out, "_kata") {
+		t.Errorf("taps in the test's namespace:\n%s", out)
+	}
+	if ents, err := os.ReadDir(filepath.Join(c.dir, "cni", "ipam", "kata-fsx-e2e")); err == nil {
+		for _, e := range ents {
+			if net.ParseIP(e.Name()) != nil {
+				t.Errorf("host-local still holds %s", e.Name())
+			}
+		}
+	}
 }
