@@ -208,7 +208,7 @@ func Default() *Config {
 			MemorySlots:        10,
 			VhostUserStorePath: "/var/run/kata-containers/vhost-user",
 		}},
-		Agent: agentTable{Kata: Agent{DialTimeout: 45}},
+		Agent:   agentTable{Kata: Agent{DialTimeout: 45}},
 		Runtime: Runtime{InterNetworkingModel: "tcfilter"},
 		KataFSX: KataFSX{
 			Accelerator:    AccelAuto,

@@ -225,7 +225,7 @@ func TestNetworkCtrWithNS(t *testing.T) {
 			t.Fatalf("ctr run with a missing initrd succeeded")
 		}
 		wired := regexp.MustCompile(`network: 1 interface\(s\) of ` + regexp.QuoteMeta(nsPath) + `.*sandbox=net-fail`)
-		if !wired.MatchString(ce.logTail(1<<20)) {
+		if !wired.MatchString(ce.logTail(1 << 20)) {
 			t.Errorf("the failed pod never wired the namespace: the test shows nothing")
 		}
 		if !strings.Contains(r.stderr, "start QEMU") {

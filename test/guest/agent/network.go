@@ -350,7 +350,6 @@ func (a *agent) ListRoutes(context.Context, *pb.ListRoutesRequest) (*pb.Routes, 
 	return out, nil
 }
 
-
 // upLoopback brings lo up, as Kata's agent does when it creates the
 // sandbox: the pod's processes talk to themselves over 127.0.0.1.
 func upLoopback() error {
