@@ -518,10 +518,10 @@ func TestNetworkCRIWithCNI(t *testing.T) {
 	})
 
 	for _, p := range pods {
-		if out, err := c.crictlOut(ctx, t, "stopp", p.id); err != nil {
+		if out, err := c.crictlRun(ctx, t, "stopp", p.id); err != nil {
 			t.Errorf("crictl stopp %s: %v\n%s", p.name, err, out)
 		}
-		if out, err := c.crictlOut(ctx, t, "rmp", p.id); err != nil {
+		if out, err := c.crictlRun(ctx, t, "rmp", p.id); err != nil {
 			t.Errorf("crictl rmp %s: %v\n%s", p.name, err, out)
 		}
 	}
