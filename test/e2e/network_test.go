@@ -509,7 +509,7 @@ func TestNetworkCRIWithCNI(t *testing.T) {
 				if err != nil {
 					t.Fatalf("the CRI's %s of pod %s: %v", f, p.name, err)
 				}
-				got, err := c.crictlOut(ctx, t, "exec", "-s", p.ctr, "/bin/sh", "-c", "cat /etc/"+f+" 2>&1")
+				got, err := c.crictlOut(ctx, t, "exec", "-s", p.ctr, "/bin/sh", "-c", "cat /etc/"+f+" 2>&1; exit 0")
 				if err != nil || strings.TrimSpace(got) != strings.TrimSpace(string(want)) {
 					t.Errorf("pod %s: /etc/%s in the container is %q (%v), want the CRI's file %q", p.name, f, got, err, want)
 				}
