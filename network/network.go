@@ -394,19 +394,36 @@ func unredirect(h *netlink.Handle, l netlink.Link) error {
 	return nil
 }
 
-// inNetNS runs fn on an OS thread that has entered ns. The thread is
-// never returned to the Go scheduler: it exits with the goroutine, so no
-// other goroutine can run in the pod's namespace by accident.
+// inNetNS runs fn on an OS thread that has entered ns, and brings the
+// thread back to its namespace before giving it back to the Go scheduler.
+// A thread must not simply exit instead: the kernel sends a child's
+// Pdeathsig when the thread that forked it exits, and the shim starts
+// virtiofsd with one (a goroutine-locked thread that exits would kill the
+// pod's virtiofsd had that thread forked it). Only a thread that cannot return to
+// its namespace is left locked, to die with the goroutine.
 func inNetNS(ns netns.NsHandle, fn func() error) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		// No UnlockOSThread: the thread dies with this goroutine.
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- fmt.Errorf("the thread's own network namespace: %w", err)
+			return
+		}
+		defer orig.Close()
 		if err := netns.Set(ns); err != nil {
+			runtime.UnlockOSThread()
 			done <- fmt.Errorf("enter: %w", err)
 			return
 		}
-		done <- fn()
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			done <- errors.Join(ferr, fmt.Errorf("return to the host's network namespace: %w", err))
+			return
+		}
+		runtime.UnlockOSThread()
+		done <- ferr
 	}()
 	return <-done
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -242,5 +243,42 @@ func TestTeardownAfterNamespaceRemoved(t *testing.T) {
 	run(t, "ip", "netns", "del", pod)
 	if err := n.Teardown(); err != nil {
 		t.Fatalf("Teardown after the interface and the namespace's name were removed: %v", err)
+	}
+}
+
+// Children started with a Pdeathsig (the shim's virtiofsd) survive Setup
+// and Teardown: the threads that entered the pod's namespace return to
+// the Go scheduler instead of exiting, which would signal the children
+// they had forked.
+func TestChildrenSurviveNamespaceThreads(t *testing.T) {
+	needRoot(t)
+	pod, _ := podNetNS(t)
+	var children []*exec.Cmd
+	for range 16 {
+		c := exec.Command("sleep", "120")
+		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Process.Kill(); c.Wait() })
+		children = append(children, c)
+	}
+	for range 20 {
+		n, err := Setup("/var/run/netns/"+pod, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Teardown(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range children {
+		if err := c.Process.Signal(syscall.Signal(0)); err != nil {
+			t.Fatalf("a child with a Pdeathsig died during Setup/Teardown: %v", err)
+		}
+		var ws syscall.WaitStatus
+		if pid, _ := syscall.Wait4(c.Process.Pid, &ws, syscall.WNOHANG, nil); pid != 0 {
+			t.Fatalf("a child with a Pdeathsig died during Setup/Teardown: %v", ws)
+		}
 	}
 }
