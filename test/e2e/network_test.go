@@ -143,6 +143,7 @@ func TestNetworkCtrWithNS(t *testing.T) {
 	ce := newContainerdEnv(t)
 	pod, peer := peeredNetNS(t, "10.253.41")
 	netTool(t, "ip", "-n", pod, "neigh", "add", "10.253.41.77", "lladdr", "02:00:00:00:41:77", "dev", "eth0", "nud", "permanent")
+	netTool(t, "ip", "-n", pod, "addr", "add", "fd00:253:41::2/64", "dev", "eth0", "nodad")
 	mac := strings.TrimSpace(netTool(t, "ip", "netns", "exec", pod, "cat", "/sys/class/net/eth0/address"))
 	serveIn(t, peer, "8081", "from-peer\n")
 	nsPath := "/var/run/netns/" + pod
@@ -170,12 +171,12 @@ func TestNetworkCtrWithNS(t *testing.T) {
 	}
 
 	r := ce.ctr(ctx, "tasks", "exec", "--exec-id", "look", id, "/bin/sh", "-c",
-		`cat /sys/class/net/eth0/address /sys/class/net/eth0/mtu; ip -o -4 addr show dev eth0; ip route; cat /proc/net/arp`)
+		`cat /sys/class/net/eth0/address /sys/class/net/eth0/mtu; ip -o addr show dev eth0; ip route; cat /proc/net/arp`)
 	if r.code != 0 {
 		t.Fatalf("exec: %d %s%s", r.code, r.stdout, r.stderr)
 	}
 	t.Logf("the guest's network:\n%s", r.stdout)
-	for _, want := range []string{mac + "\n1400\n", "inet 10.253.41.2/24", "default via 10.253.41.1 dev eth0", "10.253.41.77"} {
+	for _, want := range []string{mac + "\n1400\n", "inet 10.253.41.2/24", "inet6 fd00:253:41::2/64", "default via 10.253.41.1 dev eth0", "10.253.41.77"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("guest network: %q missing", want)
 		}
@@ -235,6 +236,30 @@ func TestNetworkCtrWithNS(t *testing.T) {
 		waitUnwired(wctx, t, pod, "eth0")
 		wcancel()
 		ce.ctr(ctx, "containers", "delete", "net-fail")
+	})
+
+	// A VM with two vCPUs gets a two-queue tap and a multi-queue NIC, as Kata's.
+	t.Run("two queues", func(t *testing.T) {
+		b, err := os.ReadFile(ce.config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		two := filepath.Join(t.TempDir(), "configuration.toml")
+		cfg := strings.Replace(string(b), "[hypervisor.qemu]\n", "[hypervisor.qemu]\ndefault_vcpus = 2\n", 1)
+		if err := os.WriteFile(two, []byte(cfg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r := ce.ctr(ctx, "run", "--rm", "--runtime", "io.containerd.kata-fsx.v2", "--runtime-config-path", two,
+			"--with-ns", "network:"+nsPath, ce.image, "net-mq", "/bin/sh", "-c", "ls /sys/class/net/eth0/queues; "+httpGet("10.253.41.1", "8081"))
+		if r.code != 0 {
+			t.Fatalf("ctr run: %d %s%s", r.code, r.stdout, r.stderr)
+		}
+		if got := strings.Fields(r.stdout); len(got) != 5 || strings.Join(got[:4], " ") != "rx-0 rx-1 tx-0 tx-1" || got[4] != "from-peer" {
+			t.Errorf("guest eth0 queues and fetch from the peer: %q, want rx-0 rx-1 tx-0 tx-1 and from-peer", r.stdout)
+		}
+		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+		waitUnwired(wctx, t, pod, "eth0")
+		wcancel()
 	})
 
 	t.Run("internetworking_model none", func(t *testing.T) {
