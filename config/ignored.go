@@ -82,6 +82,7 @@ var kataIgnored = []struct{ key, inert, reason string }{
 	{"factory.vm_cache_number", `0`, "no VM cache"},
 	{"agent.kata.debug_console_enabled", `false`, "no debug console in the guest"},
 	{"agent.kata.enable_tracing", `false`, "no agent tracing"},
+	{"runtime.disable_new_netns", `false`, "QEMU stays in the shim's network namespace and gets the pod's taps as fds; for no NIC set internetworking_model = \"none\""},
 	{"runtime.enable_vcpus_pinning", `false`, "vCPUs are not pinned"},
 	{"runtime.guest_selinux_label", `""`, "guest SELinux is never enabled"},
 	{"runtime.static_sandbox_resource_mgmt", `false`, "the VM is sized by default_vcpus and default_memory only"},

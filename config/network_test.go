@@ -47,3 +47,18 @@ func TestInterNetworkingModel(t *testing.T) {
 		}
 	}
 }
+
+// Kata's disable_new_netns is not honoured: setting it is reported.
+func TestDisableNewNetnsReported(t *testing.T) {
+	p := writeFile(t, filepath.Join(t.TempDir(), "c.toml"), "[hypervisor.qemu]\n[runtime]\ndisable_new_netns = true\n", 0o644)
+	c, err := LoadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range c.Ignored {
+		if k.Key == "runtime.disable_new_netns" && strings.Contains(k.String(), `internetworking_model = "none"`) {
+			return
+		}
+	}
+	t.Errorf("disable_new_netns = true not reported as ignored: %v", c.Ignored)
+}
