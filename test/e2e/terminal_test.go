@@ -175,15 +175,39 @@ func checkGuestTerminal(t *testing.T, out string, sizes ...string) {
 // on may add a CR of its own.
 func TestShimContainerdTerminal(t *testing.T) {
 	ce := newContainerdEnv(t)
+	ce.terminals(t, "imagefs-blk", "virtio-fs")
+}
+
+// TestShimContainerdTerminalGuestImage is TestShimContainerdTerminal on
+// Kata's guest image (the test agent as the image's /sbin/init, the kernel
+// with its drivers built in), with the image's configured backend.
+func TestShimContainerdTerminalGuestImage(t *testing.T) {
+	kit := guestImageKit(t)
+	boot := fmt.Sprintf("kernel = %q\nimage = %q\n", kit+"/vmlinux-kata", kit+"/kata-containers.img")
+	ce := newContainerdEnvFor(t, func() *env {
+		return newEnvBooting(t, kit, boot, `shared_fs = "imagefs-blk"`+"\n", "")
+	})
+	ce.terminals(t, "", "")
+}
+
+// terminals runs the ctr terminal checks: `ctr run -t` in a pod on
+// runBackend and `ctr task exec -t` in one on execBackend (the
+// configuration's backend where "").
+func (ce *containerdEnv) terminals(t *testing.T, runBackend, execBackend string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
+	backend := func(b string) []string {
+		if b == "" {
+			return nil
+		}
+		return []string{"--annotation", "io.katacontainers.config.hypervisor.shared_fs=" + b}
+	}
 	ctrArgs := func(args ...string) []string { return append([]string{"-a", ce.sock, "-n", "test"}, args...) }
 
 	t.Run("run", func(t *testing.T) {
 		const id = "ttyrun"
-		cmd := exec.CommandContext(ctx, "/usr/bin/ctr", ctrArgs(ce.runArgs("-t", "--rm",
-			"--annotation", "io.katacontainers.config.hypervisor.shared_fs=imagefs-blk",
-			ce.image, id, "/bin/sh", "-c", terminalScript(50, 132))...)...)
+		args := append(append([]string{"-t", "--rm"}, backend(runBackend)...), ce.image, id, "/bin/sh", "-c", terminalScript(50, 132))
+		cmd := exec.CommandContext(ctx, "/usr/bin/ctr", ctrArgs(ce.runArgs(args...)...)...)
 		term := runOnTerminal(t, cmd, 24, 80)
 		term.waitFor(ctx, `size=24 80\r+\n`)
 		term.resize(50, 132)
@@ -202,7 +226,12 @@ func TestShimContainerdTerminal(t *testing.T) {
 
 	t.Run("exec", func(t *testing.T) {
 		const id = "ttyexec"
-		ce.startLongRunning(ctx, t, id, "virtio-fs")
+		if r := ce.ctr(ctx, ce.runArgs(append(append([]string{"-d"}, backend(execBackend)...), ce.image, id, "/bin/sleep", "600")...)...); r.code != 0 {
+			t.Fatalf("ctr run -d: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		}
+		if st := ce.waitTaskStatus(ctx, id, "RUNNING"); st != "RUNNING" {
+			t.Fatalf("task %s is %q, want RUNNING", id, st)
+		}
 		cmd := exec.CommandContext(ctx, "/usr/bin/ctr", ctrArgs("tasks", "exec", "-t", "--exec-id", "sh1", id, "/bin/sh", "-c", terminalScript(40, 100))...)
 		term := runOnTerminal(t, cmd, 30, 90)
 		term.waitFor(ctx, `size=30 90\r+\n`)
