@@ -656,7 +656,8 @@ func (s *service) ResizePty(ctx context.Context, r *taskapi.ResizePtyRequest) (*
 	return &emptypb.Empty{}, nil
 }
 
-// CloseIO closes a process's stdin in the guest.
+// CloseIO closes a process's stdin in the guest (on a terminal, the agent
+// types the terminal's end-of-file character: closing it would hang it up).
 func (s *service) CloseIO(ctx context.Context, r *taskapi.CloseIORequest) (*emptypb.Empty, error) {
 	_, p, err := s.lookup(r.ID, r.ExecID)
 	if err != nil {
