@@ -35,6 +35,9 @@ type initConfig struct {
 	UID      uint32       `json:"uid"`
 	GID      uint32       `json:"gid"`
 	Groups   []uint32     `json:"groups"`
+	// Terminal gives the process a pty of the container (see pty.go).
+	Terminal bool         `json:"terminal"`
+	Console  *consoleSize `json:"console,omitempty"`
 }
 
 type mountEntry struct {
@@ -79,6 +82,11 @@ func setupAndExec() error {
 	if cfg.Hostname != "" {
 		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 			return fmt.Errorf("sethostname: %w", err)
+		}
+	}
+	if cfg.Terminal {
+		if err := setupConsole(&cfg); err != nil {
+			return err
 		}
 	}
 	if err := setUser(cfg.UID, cfg.GID, cfg.Groups); err != nil {
