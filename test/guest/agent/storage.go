@@ -60,10 +60,34 @@ func mountStorage(ctx context.Context, s *pb.Storage) (string, error) {
 	default:
 		return "", fmt.Errorf("storage driver %q is not supported by the test agent", s.GetDriver())
 	}
-	if err := unix.Mount(source, mp, fstype, flags, data); err != nil {
+	if err := mountRetryingNewDisk(ctx, source, mp, fstype, flags, data, blkDriver(s.GetDriver())); err != nil {
 		return "", fmt.Errorf("mount %s (%s, %s, %q) on %s: %w", source, s.GetDriver(), fstype, data, mp, err)
 	}
 	return mp, nil
+}
+
+func blkDriver(d string) bool {
+	return d == "blk" || d == "virtio-blk" || d == "virtio-blk-pci"
+}
+
+// mountRetryingNewDisk mounts, and for a disk retries ENXIO for a while:
+// the kernel creates a hot-plugged disk's /dev node before the disk can be
+// opened (device_add comes before bdev_add), so a mount in that window
+// fails with "no such device or address".
+func mountRetryingNewDisk(ctx context.Context, source, mp, fstype string, flags uintptr, data string, disk bool) error {
+	ctx, cancel := context.WithTimeout(ctx, blkWaitTimeout)
+	defer cancel()
+	for {
+		err := unix.Mount(source, mp, fstype, flags, data)
+		if err == nil || !disk || !errors.Is(err, unix.ENXIO) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 func addDefault(data, key, value string) string {
