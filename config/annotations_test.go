@@ -154,6 +154,25 @@ func TestAnnotationExtraArgsAllowList(t *testing.T) {
 	}
 }
 
+// TestAnnotationOverridesFileArgs checks a pod's words against the shipped
+// file's: the C daemon takes the last of each, and the Rust daemon, whose
+// parser refuses an option given twice, gets each once, the pod's value.
+func TestAnnotationOverridesFileArgs(t *testing.T) {
+	c := policyConfig(t)
+	c.QEMU().VirtioFSExtraArgs = []string{"--thread-pool-size", "1", "--announce-submounts"}
+	eff, err := annotate(t, c, AnnotationVirtioFSExtraArgs, `["--thread-pool-size=4", "-o", "announce_submounts"]`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := eff.QEMU().VirtioFSExtraArgs
+	if got, err := DaemonExtraArgs(args, FlavourRust); err != nil || strings.Join(got, " ") != "--thread-pool-size=4 --announce-submounts" {
+		t.Errorf("Rust: %q, %v", got, err)
+	}
+	if got, err := DaemonExtraArgs(args, FlavourC); err != nil || strings.Join(got, " ") != "--thread-pool-size 1 -o announce_submounts --thread-pool-size=4 -o announce_submounts" {
+		t.Errorf("C: %q, %v", got, err)
+	}
+}
+
 // TestAnnotationTurnsXattrOff checks the off switch against a configuration
 // that turns xattr on: the C daemon takes the last word, and the Rust one,
 // which has no off switch, does not get --xattr at all.

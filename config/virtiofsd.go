@@ -60,7 +60,9 @@ func DaemonCacheMode(mode string, f DaemonFlavour) (string, error) {
 // DaemonExtraArgs checks virtio_fs_extra_args against the flavour's dialect
 // and returns them in it. Options with the same meaning in both dialects
 // are translated; options that belong to keys of their own (cache mode,
-// shared directory, socket) or exist in one flavour only are refused.
+// shared directory, socket) or exist in one flavour only are refused. It
+// translates, it does not police: the words are the operator's, or a
+// pod's that PodExtraArgs already let through.
 func DaemonExtraArgs(args []string, f DaemonFlavour) ([]string, error) {
 	const key = "hypervisor.qemu.virtio_fs_extra_args"
 	var out []string
@@ -118,7 +120,7 @@ func DaemonExtraArgs(args []string, f DaemonFlavour) ([]string, error) {
 				}
 				continue
 			default:
-				out = append(out, a)
+				out = rustOverride(out, a)
 				continue
 			}
 			for _, o := range strings.Split(opt, ",") {
@@ -128,7 +130,7 @@ func DaemonExtraArgs(args []string, f DaemonFlavour) ([]string, error) {
 					if o != name {
 						return nil, &Error{Key: key, Value: "-o " + opt, Problem: "-o " + name + " takes no value", Fix: "write -o " + name}
 					}
-					out = append(out, "--"+strings.ReplaceAll(name, "_", "-"))
+					out = rustOverride(out, "--"+strings.ReplaceAll(name, "_", "-"))
 				case "no_xattr":
 					var err error
 					if out, err = rustXattrOff(out, "-o "+opt); err != nil {
@@ -145,6 +147,28 @@ func DaemonExtraArgs(args []string, f DaemonFlavour) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// rustOverride appends word, first removing the earlier words that set the
+// same pod-settable option: the Rust daemon's parser (clap) refuses an
+// option given twice, where the C daemon takes the last, and a pod's words
+// come after the file's so as to override them.
+func rustOverride(out []string, word string) []string {
+	name, _, _ := strings.Cut(word, "=")
+	if _, ok := podLongOptions[name]; !ok && name != "--thread-pool-size" {
+		return append(out, word)
+	}
+	kept := out[:0:0]
+	for i := 0; i < len(out); i++ {
+		if n, _, _ := strings.Cut(out[i], "="); n != name {
+			kept = append(kept, out[i])
+			continue
+		}
+		if out[i] == "--thread-pool-size" && i+1 < len(out) {
+			i++ // and its value, the next word
+		}
+	}
+	return append(kept, word)
 }
 
 // rustXattrOff turns xattr off for the Rust daemon, which has no switch

@@ -26,7 +26,12 @@ func TestPodAllowListRunsOnCDaemon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, extra := range [][]string{canonical, append([]string{"--thread-pool-size=1", "--xattr"}, off...)} {
+	shipped := []string{"--thread-pool-size=1", "--announce-submounts"} // configuration.toml.in
+	for _, extra := range [][]string{
+		canonical,
+		append([]string{"--thread-pool-size=1", "--xattr"}, off...),
+		append(shipped, canonical...), // the pod's words after the file's: the last one counts
+	} {
 		dir := t.TempDir()
 		shared := filepath.Join(dir, "shared-podargs")
 		if err := os.Mkdir(shared, 0o755); err != nil {
