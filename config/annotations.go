@@ -56,7 +56,12 @@ func (c *Config) Clone() *Config {
 
 // ApplyAnnotations returns a copy of c with the pod's hypervisor annotations
 // applied, refusing, as Kata does, any io.katacontainers.config.hypervisor.*
-// key that no enable_annotations regex matches (unanchored).
+// key that no enable_annotations regex matches (unanchored). Annotations
+// are the pod author's input: virtiofsd arguments pass PodExtraArgs'
+// allow-list, memory, vCPUs and the DAX window are bounded by
+// default_maxmemory and default_maxvcpus, an annotation for a Kata key
+// kata-fsx ignores is listed in Ignored, and any other key it does not
+// honour is refused.
 func ApplyAnnotations(c *Config, annotations map[string]string) (*Config, error) {
 	n := c.Clone()
 	q := n.QEMU()
