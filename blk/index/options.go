@@ -14,8 +14,9 @@ type Options struct {
 	// without it does not cache; oci.FromOCI requires it.
 	CacheDir string
 	// LayerKeys, when set, has one caller-chosen cache key per FromLayers
-	// layer (e.g. a containerd snapshot ID); an empty key falls back to the
-	// layer directory's path, device, inode and ctime.
+	// layer (e.g. a committed containerd snapshot's ID); a key vouches that
+	// the layer never changes. A layer with an empty key is mutable (an
+	// upperdir, a bind-mounted rootfs) and is never cached.
 	LayerKeys []string
 	// MaxEntries bounds the entries of any one layer and of the merged
 	// tree; zero means DefaultMaxEntries.
