@@ -607,7 +607,9 @@ func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, 
 	defer os.Remove(f.Name())
 	defer f.Close()
 	uh := sha256.New()
-	n, err := io.Copy(io.MultiWriter(f, uh), io.LimitReader(dec, maxSize+1))
+	// The context is checked on the inflated side too: at 1000:1 one read
+	// of compressed input can inflate to gigabytes.
+	n, err := io.Copy(io.MultiWriter(f, uh), io.LimitReader(ctxReader{ctx, dec}, maxSize+1))
 	if err != nil {
 		return fmt.Errorf("decompress: %w", err)
 	}
