@@ -2,9 +2,10 @@ package index
 
 import "path/filepath"
 
-// DefaultMaxBlobSize bounds one uncompressed layer unless Options says
-// otherwise; it stops decompression bombs from filling the cache disk.
-const DefaultMaxBlobSize = 64 << 30
+// DefaultMaxBlobSize is the per-layer inflated-bytes budget unless Options
+// says otherwise: it stops a decompression bomb from filling the cache
+// disk, while the largest real layers (CUDA and ML runtimes) are a few GiB.
+const DefaultMaxBlobSize = 16 << 30
 
 // Options tunes index building for every source. The zero value is usable:
 // no cache, default limits.
@@ -21,7 +22,9 @@ type Options struct {
 	// MaxEntries bounds the entries of any one layer and of the merged
 	// tree; zero means DefaultMaxEntries.
 	MaxEntries int
-	// MaxBlobSize bounds one uncompressed layer; zero means DefaultMaxBlobSize.
+	// MaxBlobSize is the per-layer inflated-bytes budget: the most bytes one
+	// layer may inflate to (the blob cache's file for it); zero means
+	// DefaultMaxBlobSize.
 	MaxBlobSize int64
 	// Stats, when non-nil, receives counters of the work done; it is not
 	// safe to share between concurrent calls.
