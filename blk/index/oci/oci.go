@@ -152,10 +152,23 @@ func openImage(path string) (imageFiles, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("open: %w", err)
 	}
-	f := os.NewFile(uintptr(fd), path)
-	a := &archiveFiles{f: f, members: map[string]member{}, links: map[string]string{}}
+	return scanArchive(os.NewFile(uintptr(fd), path))
+}
+
+// archiveReader is what an image archive is read from: an *os.File, or
+// memory in the fuzz tests.
+type archiveReader interface {
+	io.ReadSeeker
+	io.ReaderAt
+	io.Closer
+}
+
+// scanArchive indexes the members of the image archive in r; it closes r
+// on error.
+func scanArchive(r archiveReader) (*archiveFiles, error) {
+	a := &archiveFiles{f: r, members: map[string]member{}, links: map[string]string{}}
 	if err := a.scan(); err != nil {
-		f.Close()
+		r.Close()
 		return nil, err
 	}
 	return a, nil
@@ -191,7 +204,7 @@ type member struct{ off, size int64 }
 
 // archiveFiles is an image tar; members are read in place by offset.
 type archiveFiles struct {
-	f       *os.File
+	f       archiveReader
 	members map[string]member
 	links   map[string]string // symlink members (docker save links duplicate layers)
 }
