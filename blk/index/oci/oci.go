@@ -54,9 +54,14 @@ var layerMediaTypes = map[string]bool{
 // org.opencontainers.image.ref.name / io.containerd.image.name annotation
 // (OCI) or RepoTags (docker); it may be empty when the image holds one.
 //
-// Every layer, compressed (gzip, zstd) or not, is written once, verified
-// against its diffID, to opts.CacheDir/blobs/sha256/<diffID hex>, and its
-// regular files become SourceBlob "sha256:<diffID>" data at their offset in
+// Every layer, compressed (gzip, zstd) or not, is written once to
+// opts.CacheDir/blobs/sha256/<diffID hex>: its blob is first checked
+// against the manifest's size and digest, without inflating it, then
+// inflated in one streaming pass bounded by the per-layer inflated-bytes
+// budget (opts.MaxBlobSize) and verified against its diffID; a layer that
+// fails any check leaves nothing in the cache. Every image file is opened
+// without blocking and must be a regular file. The layer's regular files
+// become SourceBlob "sha256:<diffID>" data at their offset in
 // that uncompressed tar; hostfs.Opener serves them from there. Per-layer
 // indexes are cached by diffID.
 func FromOCI(ctx context.Context, path, tag string, opts index.Options) (*index.Index, error) {
