@@ -176,3 +176,28 @@ func TestFromOCIRefusesFIFOs(t *testing.T) {
 		})
 	}
 }
+
+// TestFromOCISweepsStaleTemps: the partial blob of a build killed mid-layer
+// (SIGKILL leaves no chance to clean up) is removed by the next build once
+// it is old enough, and a live build's temp file is left alone.
+func TestFromOCISweepsStaleTemps(t *testing.T) {
+	diffID, blob := bomb(t, 1<<10)
+	dir, cache := t.TempDir(), t.TempDir()
+	writeHostileLayout(t, dir, hostileLayer{blob: blob, size: int64(len(blob)), diffID: diffID})
+	blobs := filepath.Join(cache, "blobs", "sha256")
+	indextest.Must(t, os.MkdirAll(blobs, 0o700))
+	stale, live := filepath.Join(blobs, ".tmp-killed"), filepath.Join(blobs, ".tmp-live")
+	indextest.Must(t, os.WriteFile(stale, make([]byte, 4096), 0o600))
+	indextest.Must(t, os.WriteFile(live, make([]byte, 4096), 0o600))
+	old := time.Now().Add(-staleTempAge - time.Minute)
+	indextest.Must(t, os.Chtimes(stale, old, old))
+	if _, err := FromOCI(context.Background(), dir, "x", index.Options{CacheDir: cache}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("stale temp file kept: %v", err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("a live build's temp file was removed: %v", err)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"time"
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
@@ -27,6 +28,10 @@ import (
 )
 
 const (
+	// staleTempAge is when a blob cache temp file is taken for the leftover
+	// of a killed build: no live inflation of a budget's worth of bytes
+	// takes that long, and the shim and the CLI may share the cache.
+	staleTempAge      = 6 * time.Hour
 	maxJSONSize       = 8 << 20 // index.json, manifests, configs
 	maxArchiveMembers = 1 << 20
 	maxZstdWindow     = 1 << 27
@@ -618,6 +623,7 @@ func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, 
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return fmt.Errorf("blob cache: %w", err)
 	}
+	sweepStaleTemps(filepath.Dir(dst), time.Now().Add(-staleTempAge))
 	f, err := os.CreateTemp(filepath.Dir(dst), ".tmp-*")
 	if err != nil {
 		return fmt.Errorf("blob cache: %w", err)
@@ -653,4 +659,23 @@ func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, 
 		return fmt.Errorf("blob cache: %w", err)
 	}
 	return nil
+}
+
+// sweepStaleTemps removes the temp files of builds killed before they could
+// remove their own (SIGKILL, a crash), last modified before cutoff: a
+// partial layer is gigabytes the cache would otherwise keep for ever.
+// Failures are ignored; a later build tries again.
+func sweepStaleTemps(dir string, cutoff time.Time) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), ".tmp-") || !e.Type().IsRegular() {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && fi.ModTime().Before(cutoff) {
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
 }
