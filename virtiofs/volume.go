@@ -82,7 +82,9 @@ func (s *SharedDir) ShareVolume(cid, src, dest string, o VolumeOptions) (Volume,
 		// A remount to read-only does not propagate to the copy of the
 		// share in the daemon's mount namespace; a bind of a mount that is
 		// read-only already is read-only everywhere it propagates, so the
-		// read-only mount is made aside first, as Kata does.
+		// read-only mount is made aside first, as Kata does. Its
+		// propagation is left as it comes: the unmount below then reaches
+		// every copy the bind made in other mount namespaces.
 		private := filepath.Join(filepath.Dir(s.Root), "private", name)
 		if err := os.MkdirAll(filepath.Dir(private), 0o700); err != nil {
 			os.Remove(v.HostPath)
@@ -100,10 +102,6 @@ func (s *SharedDir) ShareVolume(cid, src, dest string, o VolumeOptions) (Volume,
 		if err := unix.Mount(resolved, private, "", flags, ""); err != nil {
 			os.Remove(v.HostPath)
 			return Volume{}, fmt.Errorf("bind %s: %w", src, err)
-		}
-		if err := unix.Mount("", private, "", unix.MS_PRIVATE, ""); err != nil {
-			os.Remove(v.HostPath)
-			return Volume{}, fmt.Errorf("make the bind of %s private: %w", src, err)
 		}
 		if err := unix.Mount("", private, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 			os.Remove(v.HostPath)
