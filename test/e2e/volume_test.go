@@ -288,3 +288,72 @@ func TestVolumesNoneNoVirtiofsd(t *testing.T) {
 	ce.ctr(ctx, "containers", "delete", id)
 	assertPodGone(ctx, t, sbDir)
 }
+
+// TestVolumesPodJoin: containers joining a running imagefs-blk pod the way
+// CRI adds them. The pod starts without volumes and without virtiofsd;
+// the first container with volumes starts it and hot-plugs its device;
+// the containers share a memory emptyDir; a container's binds leave the
+// shared directory with it, and the next container still gets its volumes.
+func TestVolumesPodJoin(t *testing.T) {
+	ce := newContainerdEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	const pod = "volpod"
+	ce.startLongRunning(ctx, t, pod, "imagefs-blk")
+	sbDir := filepath.Join(ce.stateDir, pod)
+	shared := filepath.Join(sbDir, "shared")
+	if p := pidsOf(sbDir, "virtiofsd"); len(p) > 0 {
+		t.Fatalf("virtiofsd %v runs before any container has volumes", p)
+	}
+	v := newVolumeDirs(t)
+	join := func(extra ...string) []string {
+		return ce.runArgs(append([]string{
+			"--annotation", "io.kubernetes.cri.container-type=container",
+			"--annotation", "io.kubernetes.cri.sandbox-id=" + pod,
+			"--mount", "type=bind,src=" + v.rw + ",dst=/vol/rw,options=rbind:rw",
+			"--mount", "type=bind,src=" + v.memEmptyDir + ",dst=/vol/mem,options=rbind:rw",
+		}, extra...)...)
+	}
+	if r := ce.ctr(ctx, join("-d", ce.image, "worker1", "/bin/sh", "-c", "echo w1 > /vol/mem/w1; exec sleep 600")...); r.code != 0 {
+		t.Fatalf("worker1: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if st := ce.waitTaskStatus(ctx, "worker1", "RUNNING"); st != "RUNNING" {
+		t.Fatalf("worker1 is %q", st)
+	}
+	if p := pidsOf(sbDir, "virtiofsd"); len(p) == 0 {
+		t.Fatalf("no virtiofsd after the first container with volumes joined")
+	}
+	if !strings.Contains(ce.logTail(1<<22), "vhost-user-fs-vol hot-plugged") {
+		t.Errorf("the volumes' device was not hot-plugged")
+	}
+	r := ce.ctr(ctx, join("--rm", ce.image, "worker2", "/bin/sh", "-c", "cat /vol/rw/fromhost; for i in 1 2 3 4 5 6 7 8 9 10; do test -e /vol/mem/w1 && break; sleep 1; done; cat /vol/mem/w1")...)
+	if r.code != 0 || r.stdout != "h1\nw1\n" {
+		t.Errorf("worker2 (want the rw volume and worker1's emptyDir file): exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+	ce.ctr(ctx, "tasks", "kill", "-s", "SIGKILL", "worker1")
+	ce.waitTaskStatus(ctx, "worker1", "STOPPED")
+	ce.ctr(ctx, "tasks", "delete", "worker1")
+	if r := ce.ctr(ctx, "containers", "delete", "worker1"); r.code != 0 {
+		t.Fatalf("delete worker1: %s", r.stderr)
+	}
+	for _, l := range sharedMounts(os.Getpid(), shared) {
+		if strings.Contains(l, "/worker1-") || strings.Contains(l, "/worker2-") {
+			t.Errorf("a removed container's volume is still bound: %s", l)
+		}
+	}
+	// The share was released with its last user; the next one mounts it again.
+	r = ce.ctr(ctx, join("--rm", ce.image, "worker3", "/bin/sh", "-c", "cat /vol/rw/fromhost && echo w3 > /vol/rw/w3")...)
+	if r.code != 0 || r.stdout != "h1\n" {
+		t.Errorf("worker3: exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if b, err := os.ReadFile(filepath.Join(v.rw, "w3")); err != nil || string(b) != "w3\n" {
+		t.Errorf("worker3's write is not on the host: %q %v", b, err)
+	}
+	ce.ctr(ctx, "tasks", "kill", "-s", "SIGKILL", pod)
+	ce.waitTaskStatus(ctx, pod, "STOPPED")
+	ce.ctr(ctx, "tasks", "delete", pod)
+	if r := ce.ctr(ctx, "containers", "delete", pod); r.code != 0 {
+		t.Fatalf("container delete: %s", r.stderr)
+	}
+	assertPodGone(ctx, t, sbDir)
+}
