@@ -40,6 +40,10 @@ func newVolumeDirs(t *testing.T) volumeDirs {
 		t.Fatalf("tmpfs for the emptyDir: %v", err)
 	}
 	t.Cleanup(func() { unix.Unmount(v.memEmptyDir, unix.MNT_DETACH) })
+	// The pod's fsGroup owns the emptyDir; Kata hands it to the guest.
+	if err := os.Chown(v.memEmptyDir, 0, 2000); err != nil {
+		t.Fatal(err)
+	}
 	return v
 }
 
@@ -169,8 +173,8 @@ func TestVolumes(t *testing.T) {
 			}
 
 			// emptyDir of medium Memory: a tmpfs of the guest's own.
-			if r := sh("grep ' /vol/mem ' /proc/mounts && echo m > /vol/mem/inguest && cat /vol/mem/inguest"); r.code != 0 || !strings.Contains(r.stdout, " tmpfs ") || !strings.HasSuffix(r.stdout, "m\n") {
-				t.Errorf("memory emptyDir: exit %d stdout %q stderr %q, want a guest tmpfs", r.code, r.stdout, r.stderr)
+			if r := sh("grep ' /vol/mem ' /proc/mounts && stat -c gid=%g /vol/mem && echo m > /vol/mem/inguest && cat /vol/mem/inguest"); r.code != 0 || !strings.Contains(r.stdout, " tmpfs ") || !strings.Contains(r.stdout, "gid=2000\n") || !strings.HasSuffix(r.stdout, "m\n") {
+				t.Errorf("memory emptyDir: exit %d stdout %q stderr %q, want a guest tmpfs owned by group 2000", r.code, r.stdout, r.stderr)
 			}
 			if _, err := os.Stat(filepath.Join(v.memEmptyDir, "inguest")); err == nil {
 				t.Errorf("the memory emptyDir was shared from the host, not a guest tmpfs")
