@@ -37,6 +37,7 @@ type agent struct {
 	mu         sync.Mutex
 	sandboxID  string
 	storages   []string // sandbox mount points, in mount order
+	mounts     storageSet
 	containers map[string]*container
 	poweroff   chan struct{}
 	once       sync.Once
@@ -157,9 +158,9 @@ func (a *agent) CreateSandbox(ctx context.Context, req *pb.CreateSandboxRequest)
 	}
 	var mounted []string
 	for _, s := range req.GetStorages() {
-		mp, err := mountStorage(ctx, s)
+		mp, err := a.mounts.add(ctx, s)
 		if err != nil {
-			unmountAll(mounted)
+			a.mounts.release(mounted)
 			return nil, err
 		}
 		log.Printf("sandbox storage %s %s mounted on %s", s.GetDriver(), s.GetSource(), mp)
@@ -180,10 +181,10 @@ func (a *agent) DestroySandbox(ctx context.Context, _ *pb.DestroySandboxRequest)
 	defer a.mu.Unlock()
 	for id, c := range a.containers {
 		c.killAll(ctx, 5*time.Second)
-		unmountAll(c.storages)
+		a.mounts.release(c.storages)
 		delete(a.containers, id)
 	}
-	unmountAll(a.storages)
+	a.mounts.release(a.storages)
 	a.storages = nil
 	unix.Sync()
 	a.once.Do(func() { close(a.poweroff) })
@@ -219,9 +220,9 @@ func (a *agent) CreateContainer(ctx context.Context, req *pb.CreateContainerRequ
 	}
 	var mounted []string
 	for _, s := range req.GetStorages() {
-		mp, err := mountStorage(ctx, s)
+		mp, err := a.mounts.add(ctx, s)
 		if err != nil {
-			unmountAll(mounted)
+			a.mounts.release(mounted)
 			return nil, fmt.Errorf("container %s: %w", id, err)
 		}
 		log.Printf("container %s storage %s %s mounted on %s", id, s.GetDriver(), s.GetSource(), mp)
@@ -232,7 +233,7 @@ func (a *agent) CreateContainer(ctx context.Context, req *pb.CreateContainerRequ
 		rootfs = filepath.Join(sharedContainersDir, id, rootfs)
 	}
 	if fi, err := os.Stat(rootfs); err != nil || !fi.IsDir() {
-		unmountAll(mounted)
+		a.mounts.release(mounted)
 		return nil, status.Errorf(codes.NotFound, "container %s: rootfs %s is not a directory (%v)", id, rootfs, err)
 	}
 	execID := req.GetExecId()
@@ -698,7 +699,7 @@ func (a *agent) RemoveContainer(ctx context.Context, req *pb.RemoveContainerRequ
 	if !c.killAll(ctx, timeout) {
 		return nil, status.Errorf(codes.DeadlineExceeded, "container %s: processes still running after %s", c.id, timeout)
 	}
-	unmountAll(c.storages)
+	a.mounts.release(c.storages)
 	a.mu.Lock()
 	delete(a.containers, c.id)
 	a.mu.Unlock()
