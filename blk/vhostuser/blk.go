@@ -252,21 +252,38 @@ func (h *blkHandler) writeFrom(bufs [][]byte, skip uint32, off int64) error {
 	return nil
 }
 
+// blkSegment is one decoded virtio_blk_discard_write_zeroes segment,
+// checked: off and n are byte values inside the device.
+type blkSegment struct {
+	off, n int64
+	unmap  bool
+}
+
+// maxSegments bounds the segments of one discard or write-zeroes request
+// (the max_discard_seg and max_write_zeroes_seg the device offers), so the
+// request's segments are copied out of guest memory into a fixed array.
+const maxSegments = defaultMaxDiscardSeg
+
 func (h *blkHandler) discardOrZero(c *virtq.Chain, typ uint32, dataOut uint32) byte {
 	maxSeg, maxSectors := h.cfg.maxDiscardSeg, h.cfg.maxDiscardSectors
 	if typ == blkTypeWriteZeroes {
 		maxSeg, maxSectors = h.cfg.maxWZSeg, h.cfg.maxWZSectors
 	}
-	if dataOut == 0 || dataOut%blkSegmentSize != 0 || dataOut/blkSegmentSize > maxSeg {
+	if dataOut == 0 || dataOut%blkSegmentSize != 0 || dataOut/blkSegmentSize > min(maxSeg, maxSegments) {
 		return blkStatusIOErr
 	}
 	if h.cfg.readOnly {
 		return blkStatusIOErr
 	}
-	// Validate every segment before touching the device.
-	var seg [blkSegmentSize]byte
-	for i := uint32(0); i < dataOut/blkSegmentSize; i++ {
-		gather(seg[:], c.Readable, blkHeaderSize+i*blkSegmentSize)
+	// Copy every segment out of guest memory once, check the copy and use
+	// only the copy: the guest may rewrite the segments while the request
+	// runs, and a second read would bypass the checks.
+	var raw [maxSegments * blkSegmentSize]byte
+	nseg := dataOut / blkSegmentSize
+	gather(raw[:dataOut], c.Readable, blkHeaderSize)
+	var segs [maxSegments]blkSegment
+	for i := range nseg {
+		seg := raw[i*blkSegmentSize : (i+1)*blkSegmentSize]
 		sector := binary.LittleEndian.Uint64(seg[0:8])
 		num := binary.LittleEndian.Uint32(seg[8:12])
 		flags := binary.LittleEndian.Uint32(seg[12:16])
@@ -276,21 +293,19 @@ func (h *blkHandler) discardOrZero(c *virtq.Chain, typ uint32, dataOut uint32) b
 		if num > maxSectors {
 			return blkStatusIOErr
 		}
-		if _, ok := h.spanUncapped(sector, uint64(num)*sectorSize); !ok {
+		n := uint64(num) * sectorSize // at most 2^32 * 512: no overflow
+		off, ok := h.spanUncapped(sector, n)
+		if !ok {
 			return blkStatusIOErr
 		}
+		segs[i] = blkSegment{off: off, n: int64(n), unmap: flags&blkFlagUnmap != 0}
 	}
-	for i := uint32(0); i < dataOut/blkSegmentSize; i++ {
-		gather(seg[:], c.Readable, blkHeaderSize+i*blkSegmentSize)
-		sector := binary.LittleEndian.Uint64(seg[0:8])
-		n := int64(binary.LittleEndian.Uint32(seg[8:12])) * sectorSize
-		flags := binary.LittleEndian.Uint32(seg[12:16])
-		off := int64(sector * sectorSize)
+	for _, s := range segs[:nseg] {
 		var err error
 		if typ == blkTypeDiscard {
-			err = h.dev.Discard(off, n)
+			err = h.dev.Discard(s.off, s.n)
 		} else {
-			err = h.dev.WriteZeroes(off, n, flags&blkFlagUnmap != 0)
+			err = h.dev.WriteZeroes(s.off, s.n, s.unmap)
 		}
 		if err != nil {
 			return blkStatusIOErr
