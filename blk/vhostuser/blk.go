@@ -3,6 +3,7 @@ package vhostuser
 import (
 	"encoding/binary"
 	"math/bits"
+	"runtime/debug"
 
 	"github.com/kata-fsx/kata-fsx/virtio/virtq"
 )
@@ -104,23 +105,57 @@ func (c *blkConfig) configSpace() [blkConfigSize]byte {
 
 // blkHandler executes virtio-blk requests against a BlockDevice.
 type blkHandler struct {
-	dev BlockDevice
-	cfg blkConfig
+	dev  BlockDevice
+	cfg  blkConfig
+	logf func(format string, args ...any)
 }
 
 // handle executes one request chain and returns the number of bytes written
 // into guest buffers (including the status byte), the used length.
+//
+// Guest memory can fault (see virtq.ErrFault): the request then fails with
+// IOERR, or, when the status byte itself cannot be written, goes back with
+// used length 0, and the shim lives on. Faults inside system calls on guest
+// buffers come back as EFAULT errors; those on Go's own accesses (the
+// header, the segments, a partial block's bytes, the status byte) are
+// turned into panics here and recovered.
 func (h *blkHandler) handle(c *virtq.Chain) uint32 {
 	if c.WriteLen == 0 || len(c.Writable) == 0 {
 		return 0 // no status byte: nothing we can tell the driver
 	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	last := c.Writable[len(c.Writable)-1]
-	status := &last[len(last)-1]
 	dataIn := c.WriteLen - 1 // writable bytes before the status byte
 
-	var written uint32
-	*status, written = h.execute(c, dataIn)
+	st, written := h.executeGuarded(c, dataIn)
+	if err := putStatus(&last[len(last)-1], st); err != nil {
+		h.logf("vhostuser: request returned without status: %v", err)
+		return 0
+	}
 	return written + 1
+}
+
+// executeGuarded is execute with a fault on guest memory turned into IOERR.
+func (h *blkHandler) executeGuarded(c *virtq.Chain, dataIn uint32) (st byte, written uint32) {
+	defer func() {
+		if r := recover(); r != nil {
+			err := virtq.FaultError(r) // panics again unless r is a memory fault
+			h.logf("vhostuser: request failed: %v", err)
+			st, written = blkStatusIOErr, 0
+		}
+	}()
+	return h.execute(c, dataIn)
+}
+
+// putStatus stores the status byte; the error is a fault on its page.
+func putStatus(p *byte, st byte) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = virtq.FaultError(r)
+		}
+	}()
+	*p = st
+	return nil
 }
 
 func (h *blkHandler) execute(c *virtq.Chain, dataIn uint32) (byte, uint32) {

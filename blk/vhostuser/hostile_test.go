@@ -1,10 +1,16 @@
 package vhostuser
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/kata-fsx/kata-fsx/blk/overlay"
 	"github.com/kata-fsx/kata-fsx/virtio/virtq"
 )
 
@@ -82,5 +88,95 @@ func TestSegmentsReadOnce(t *testing.T) {
 				t.Fatalf("device calls %q, want %q (the checked segments)", dev.calls, want)
 			}
 		})
+	}
+}
+
+// faultingPage returns one page of a shared file mapping whose file was
+// truncated to zero, as guest RAM whose /dev/shm ran out of space: every
+// access to it raises SIGBUS.
+func faultingPage(t *testing.T) []byte {
+	t.Helper()
+	f, err := os.Create(filepath.Join(t.TempDir(), "guest-ram"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(4096); err != nil {
+		t.Fatal(err)
+	}
+	data, err := unix.Mmap(int(f.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(data) })
+	if err := f.Truncate(0); err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// TestGuestMemoryFaultFailsRequest runs requests whose header, data or
+// status byte lies in guest memory without backing: each must fail (IOERR,
+// or used length 0 without a status byte) and leave the device usable,
+// instead of killing the process with SIGBUS.
+func TestGuestMemoryFaultFailsRequest(t *testing.T) {
+	const size = 1 << 20
+	base := randomBytes(1, size)
+	ov, err := overlay.Open(bytes.NewReader(base), size, filepath.Join(t.TempDir(), "overlay"), overlay.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ov.Close()
+	var logged []string
+	d, err := newBlkDevice(ov, &Options{Logf: func(f string, a ...any) { logged = append(logged, fmt.Sprintf(f, a...)) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := faultingPage(t)
+	header := func(typ uint32, sector uint64) []byte {
+		h := binary.LittleEndian.AppendUint32(nil, typ)
+		h = binary.LittleEndian.AppendUint32(h, 0)
+		return binary.LittleEndian.AppendUint64(h, sector)
+	}
+	run := func(name string, c *virtq.Chain, status []byte, wantUsed uint32, wantStatus byte) {
+		t.Helper()
+		c.ReadLen, c.WriteLen, c.Descriptors = 0, 0, len(c.Readable)+len(c.Writable)
+		for _, b := range c.Readable {
+			c.ReadLen += uint32(len(b))
+		}
+		for _, b := range c.Writable {
+			c.WriteLen += uint32(len(b))
+		}
+		used := d.h.handle(c)
+		if used != wantUsed {
+			t.Errorf("%s: used %d, want %d", name, used, wantUsed)
+		}
+		if status != nil && status[0] != wantStatus {
+			t.Errorf("%s: status %d, want %d", name, status[0], wantStatus)
+		}
+	}
+	status := []byte{0xff}
+	run("header in faulting memory", &virtq.Chain{Readable: [][]byte{bad[:16]}, Writable: [][]byte{status}}, status, 1, blkStatusIOErr)
+	// A partial-block write copies the guest's bytes in Go (read-modify-write).
+	status[0] = 0xff
+	run("partial-block write from faulting memory", &virtq.Chain{Readable: [][]byte{header(blkTypeOut, 1), bad[:512]}, Writable: [][]byte{status}}, status, 1, blkStatusIOErr)
+	status[0] = 0xff
+	run("read into faulting memory", &virtq.Chain{Readable: [][]byte{header(blkTypeIn, 0)}, Writable: [][]byte{bad[:4096], status}}, status, 1, blkStatusIOErr)
+	run("status byte in faulting memory", &virtq.Chain{Readable: [][]byte{header(blkTypeFlush, 0)}, Writable: [][]byte{bad[:1]}}, nil, 0, 0)
+	t.Logf("logged: %q", logged)
+	if len(logged) != 4 {
+		t.Errorf("%d faults logged, want 4: %q", len(logged), logged)
+	}
+
+	// The device still works, including the block whose write faulted
+	// (its stripe lock was released).
+	data := randomBytes(2, 512)
+	status[0] = 0xff
+	run("write after the faults", &virtq.Chain{Readable: [][]byte{header(blkTypeOut, 1), data}, Writable: [][]byte{status}}, status, 1, blkStatusOK)
+	got := make([]byte, 4096)
+	status[0] = 0xff
+	run("read after the faults", &virtq.Chain{Readable: [][]byte{header(blkTypeIn, 0)}, Writable: [][]byte{got, status}}, status, 4097, blkStatusOK)
+	if !bytes.Equal(got[512:1024], data) || !bytes.Equal(got[:512], base[:512]) || !bytes.Equal(got[1024:], base[1024:4096]) {
+		t.Error("data read back after the faults differs from what was written")
 	}
 }
