@@ -263,6 +263,9 @@ func (s *Sandbox) plan(ctx context.Context, spec Spec) (*host.Host, *hypervisor.
 	// imagefs-blk's: it maps guest RAM.
 	if cfg.NeedsSharedMemory() || s.Decision.Backend == config.SharedFSImagefsBlk || h.Transport == config.TransportHybridVsock {
 		vmc.SharedMemory, vmc.MemPath = sharedMemory(h, q)
+		if err := checkGuestRAM(vmc); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
 	}
 	switch h.Transport {
 	case config.TransportVsock:
