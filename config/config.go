@@ -99,6 +99,7 @@ type QEMU struct {
 	ValidFileMemBackends      []string `toml:"valid_file_mem_backends"`
 	ValidEntropySources       []string `toml:"valid_entropy_sources"`
 	DefaultMaxVCPUs           uint32   `toml:"default_maxvcpus"`
+	DefaultMaxMemory          uint64   `toml:"default_maxmemory"`
 	DisableImageNvdimm        bool     `toml:"disable_image_nvdimm"`
 	StaticSandboxResourceMgmt bool     `toml:"static_sandbox_resource_mgmt"`
 }

@@ -30,6 +30,9 @@ func (k IgnoredKey) String() string {
 // is reported only when a file sets it to another value.
 var kataIgnored = []struct{ key, inert, reason string }{
 	// image and disable_image_nvdimm are honoured; an image's root is always ext4.
+	// default_maxvcpus and default_maxmemory are honoured too, not as
+	// hot-plug limits (there is no hot-plug) but as the ceilings of the
+	// default_vcpus and default_memory annotations.
 	{"hypervisor.qemu.rootfs_type", `"ext4"`, "a guest image is always booted as ext4 (rootfstype=ext4)"},
 	{"hypervisor.qemu.rootless", `false`, "QEMU runs as the shim's user, never as a dedicated unprivileged user"},
 	{"hypervisor.qemu.firmware", `""`, "QEMU's built-in firmware is used"},
@@ -38,10 +41,8 @@ var kataIgnored = []struct{ key, inert, reason string }{
 	{"hypervisor.qemu.machine_accelerators", `""`, "-machine gets only the machine type and kata-fsx's accelerator"},
 	{"hypervisor.qemu.cpu_features", `""`, "-cpu is host (KVM) or max (TCG), without extra features"},
 	{"hypervisor.qemu.seccompsandbox", `""`, "QEMU runs without -sandbox"},
-	{"hypervisor.qemu.default_maxvcpus", `0`, "no vCPU hot-plug: the VM has default_vcpus, no more"},
 	{"hypervisor.qemu.default_bridges", `1`, "the VM always has one PCI bridge, for hot-plugged disks"},
 	{"hypervisor.qemu.memory_slots", `10`, "no memory hot-plug: the slots only hold a guest image's nvdimm"},
-	{"hypervisor.qemu.default_maxmemory", `0`, "no memory hot-plug: the VM has default_memory, no more"},
 	{"hypervisor.qemu.memory_offset", `0`, "no memory hot-plug"},
 	{"hypervisor.qemu.enable_virtio_mem", `false`, "no virtio-mem device"},
 	{"hypervisor.qemu.enable_mem_prealloc", `false`, "guest memory is not preallocated"},

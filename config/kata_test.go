@@ -110,7 +110,7 @@ func TestKataStockConfigIgnoredKeys(t *testing.T) {
 
 func TestIgnoredKeysFollowDropIns(t *testing.T) {
 	dir := t.TempDir()
-	base := writeFile(t, filepath.Join(dir, "configuration.toml"), "[hypervisor.qemu]\nenable_hugepages = true\ndefault_maxmemory = 8192\n[factory]\nenable_template = true\n", 0o644)
+	base := writeFile(t, filepath.Join(dir, "configuration.toml"), "[hypervisor.qemu]\nenable_hugepages = true\nmemory_offset = 8192\n[factory]\nenable_template = true\n", 0o644)
 	writeFile(t, filepath.Join(dir, "config.d", "10.toml"), "[hypervisor.qemu]\nenable_hugepages = false\n[agent.kata]\ndebug_console_enabled = true\n", 0o644)
 	c, err := LoadFile(base)
 	if err != nil {
@@ -123,7 +123,7 @@ func TestIgnoredKeysFollowDropIns(t *testing.T) {
 	want := []string{
 		"agent.kata.debug_console_enabled = true ignored by kata-fsx: no debug console in the guest (set it to false or remove it)",
 		"factory.enable_template = true ignored by kata-fsx: no VM templating (set it to false or remove it)",
-		"hypervisor.qemu.default_maxmemory = 8192 ignored by kata-fsx: no memory hot-plug: the VM has default_memory, no more (set it to 0 or remove it)",
+		"hypervisor.qemu.memory_offset = 8192 ignored by kata-fsx: no memory hot-plug (set it to 0 or remove it)",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("got:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

@@ -84,6 +84,17 @@ type Sandbox struct {
 	hybridVsock io.Closer
 	// net is the pod's network namespace wired to the VM's NICs; nil for none.
 	net *network.Network
+	// daemon is the detected virtiofsd, kept for an imagefs-blk pod's
+	// volumes, whose daemon starts with the first container that has any.
+	daemon    *virtiofs.Daemon
+	daemonErr error
+	// volMu serialises the start of an imagefs-blk pod's volumes share;
+	// volumesGuestDir is where the guest finds that share ("" until then)
+	// and volFS its hot-plugged device.
+	volMu           sync.Mutex
+	volumesGuestDir string
+	volFS           *hypervisor.PluggedFS
+
 	// life is the sandbox's lifetime, for what runs beyond one request
 	// (the disks' vhost-user servers); Stop ends it.
 	life     context.Context
@@ -96,6 +107,8 @@ type Sandbox struct {
 	// disks are the imagefs-blk disks by container id, with the QEMU
 	// device each is plugged in as.
 	disks map[string]*podDisk
+	// volumes are the containers' binds in the shared directory.
+	volumes map[string][]virtiofs.Volume
 	// rootBlkFor is the container whose rootfs is the BackendVirtioBlk disk.
 	rootBlkFor string
 	diskSeq    int // numbers disks, their sockets and QEMU ids
@@ -150,6 +163,7 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
+	s.daemon, s.daemonErr = h.Daemon, h.DaemonErr
 	if err := hypervisor.MakeVMDir(s.Dir); err != nil {
 		return nil, err
 	}
@@ -264,6 +278,9 @@ func (s *Sandbox) plan(ctx context.Context, spec Spec) (*host.Host, *hypervisor.
 	// imagefs-blk's: it maps guest RAM.
 	if cfg.NeedsSharedMemory() || s.Decision.Backend == config.SharedFSImagefsBlk || h.Transport == config.TransportHybridVsock {
 		vmc.SharedMemory, vmc.MemPath = sharedMemory(h, q)
+		if err := checkGuestRAM(vmc); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
 	}
 	switch h.Transport {
 	case config.TransportVsock:
@@ -341,7 +358,7 @@ func newSandbox(ctx context.Context, id string, d config.Decision) *Sandbox {
 		Dir:    filepath.Join(d.Config.KataFSX.StateDir, id),
 		state:  StateBooting,
 		failed: make(chan struct{}), stopping: make(chan struct{}), stopped: make(chan struct{}),
-		disks: map[string]*podDisk{},
+		disks: map[string]*podDisk{}, volumes: map[string][]virtiofs.Volume{},
 	}
 	s.life, s.lifeStop = context.WithCancel(context.WithoutCancel(ctx))
 	return s
@@ -537,7 +554,20 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 	if err != nil {
 		return fmt.Errorf("container %s: %w", c.ID, err)
 	}
-	var storages []*pb.Storage
+	// Volumes are shared before the rootfs: a mount that cannot be
+	// honoured fails the container before a disk is built for it.
+	mounts, storages, vols, err := s.containerMounts(ctx, c.ID, c.OCI)
+	if err != nil {
+		return err
+	}
+	spec.Mounts = mounts
+	defer func() {
+		if err != nil {
+			if uerr := vols.undo(); uerr != nil {
+				err = errors.Join(err, uerr)
+			}
+		}
+	}()
 	switch s.Decision.Backend {
 	case config.SharedFSImagefsBlk:
 		d, derr := s.containerDisk(ctx, c.ID, c.Rootfs)
@@ -553,7 +583,8 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 		}()
 		var st *pb.Storage
 		st, spec.Root.Path = s.blkStorage(d, c.ID)
-		storages = append(storages, st)
+		// The rootfs first: the agent resolves the root path after mounting.
+		storages = append([]*pb.Storage{st}, storages...)
 	case config.SharedFSVirtioFS, config.SharedFS9P:
 		if spec.Root.Path, err = s.shared.BindRootfs(c.ID, c.RootfsDir, readonly); err != nil {
 			return err
@@ -567,7 +598,7 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 			return fmt.Errorf("container %s: device %s has no PCI path", c.ID, rootBlkID)
 		}
 		mp := virtiofs.GuestSharedMount + c.ID
-		storages = append(storages, &pb.Storage{Driver: "blk", Source: string(path), Fstype: "ext4", MountPoint: mp})
+		storages = append([]*pb.Storage{{Driver: "blk", Source: string(path), Fstype: "ext4", MountPoint: mp}}, storages...)
 		spec.Root.Path = mp
 	default:
 		return fmt.Errorf("container %s: backend %s is not wired yet", c.ID, s.Decision.Backend)
@@ -575,6 +606,7 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 	if err := s.agent.CreateContainer(ctx, &pb.CreateContainerRequest{ContainerId: c.ID, ExecId: c.ID, OCI: spec, Storages: storages}); err != nil {
 		return s.Explain(fmt.Errorf("container %s: agent CreateContainer: %w", c.ID, err))
 	}
+	s.keepVolumes(c.ID, vols)
 	return nil
 }
 
@@ -590,6 +622,9 @@ func (s *Sandbox) RemoveContainer(ctx context.Context, cid string, timeout time.
 		if err := s.agent.RemoveContainer(ctx, cid, timeout); err != nil {
 			errs = append(errs, s.Explain(fmt.Errorf("container %s: %w", cid, err)))
 		}
+	}
+	if err := s.removeVolumes(cid); err != nil {
+		errs = append(errs, err)
 	}
 	if s.shared != nil && (s.Decision.Backend == config.SharedFSVirtioFS || s.Decision.Backend == config.SharedFS9P) {
 		if err := s.shared.Unbind(cid); err != nil {

@@ -137,9 +137,6 @@ func (s *service) pid() uint32 { return uint32(os.Getpid()) }
 
 // Create creates a container: the pod's sandbox container boots the VM.
 func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *taskapi.CreateTaskResponse, err error) {
-	if r.Terminal {
-		return nil, errUnimplemented("container %s: terminals are not supported by kata-fsx yet; run without -t", r.ID)
-	}
 	if r.Checkpoint != "" || r.ParentCheckpoint != "" {
 		return nil, errUnimplemented("container %s: checkpoint/restore is not supported", r.ID)
 	}
@@ -148,6 +145,9 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 	}
 	spec, err := readBundleSpec(r.Bundle)
 	if err != nil {
+		return nil, errInvalid("container %s: %v", r.ID, err)
+	}
+	if err := checkTerminal(r.Terminal, spec.Process); err != nil {
 		return nil, errInvalid("container %s: %v", r.ID, err)
 	}
 	s.bootMu.Lock()
@@ -159,7 +159,7 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 		return nil, errAlreadyExists("container %s already exists", r.ID)
 	}
 	c := &container{id: r.ID, bundle: r.Bundle, spec: spec, execs: map[string]*process{},
-		init: newProcess(r.ID, "", r.ID, stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr})}
+		init: newProcess(r.ID, "", r.ID, stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal})}
 	mounts := make([]config.Mount, 0, len(r.Rootfs))
 	for _, m := range r.Rootfs {
 		mounts = append(mounts, config.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
@@ -353,6 +353,12 @@ func (s *service) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.
 			return nil, toStatus(err)
 		}
 	}
+	if size := p.setStartedInGuest(); size != nil {
+		// A resize that came before the process existed in the guest.
+		if err := a.TtyWinResize(ctx, c.id, p.agentExecID, size.Height, size.Width); err != nil {
+			s.log(c.id).WithError(err).Warnf("%s: resize terminal to %dx%d", describe(c.id, r.ExecID), size.Height, size.Width)
+		}
+	}
 	go s.waitExit(sb, p)
 	if r.ExecID == "" {
 		s.opts.events.send(&eventsapi.TaskStart{ContainerID: c.id, Pid: s.pid()})
@@ -520,9 +526,6 @@ func (s *service) stopAll(ctx context.Context) {
 
 // Exec adds an exec process to a running container; Start starts it.
 func (s *service) Exec(ctx context.Context, r *taskapi.ExecProcessRequest) (*emptypb.Empty, error) {
-	if r.Terminal {
-		return nil, errUnimplemented("exec %s: terminals are not supported by kata-fsx yet; run without -t", r.ExecID)
-	}
 	if err := sandbox.ValidID(r.ExecID); err != nil {
 		return nil, errInvalid("exec id: %v", err)
 	}
@@ -532,6 +535,9 @@ func (s *service) Exec(ctx context.Context, r *taskapi.ExecProcessRequest) (*emp
 	var ps specs.Process
 	if err := json.Unmarshal(r.Spec.Value, &ps); err != nil {
 		return nil, errInvalid("exec %s: process spec: %v", r.ExecID, err)
+	}
+	if err := checkTerminal(r.Terminal, &ps); err != nil {
+		return nil, errInvalid("exec %s: %v", r.ExecID, err)
 	}
 	agentProcess, err := sandbox.ProcessSpec(&ps)
 	if err != nil {
@@ -550,7 +556,7 @@ func (s *service) Exec(ctx context.Context, r *taskapi.ExecProcessRequest) (*emp
 		return nil, errAlreadyExists("exec %s already exists in container %s", r.ExecID, r.ID)
 	}
 	c.execSeq++
-	p := newProcess(r.ID, r.ExecID, fmt.Sprintf("%s.%d", r.ExecID, c.execSeq), stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr})
+	p := newProcess(r.ID, r.ExecID, fmt.Sprintf("%s.%d", r.ExecID, c.execSeq), stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal})
 	c.execs[r.ExecID] = p
 	p.agentProcess = agentProcess
 	s.opts.events.send(&eventsapi.TaskExecAdded{ContainerID: r.ID, ExecID: r.ExecID})
@@ -618,15 +624,40 @@ func (s *service) Kill(ctx context.Context, r *taskapi.KillRequest) (*emptypb.Em
 	return &emptypb.Empty{}, nil
 }
 
-// ResizePty refuses: kata-fsx does not give processes terminals yet.
+// ResizePty resizes a process's terminal in the guest (the agent's
+// TtyWinResize); a process not started yet gets the size when it starts.
 func (s *service) ResizePty(ctx context.Context, r *taskapi.ResizePtyRequest) (*emptypb.Empty, error) {
-	if _, _, err := s.lookup(r.ID, r.ExecID); err != nil {
+	_, p, err := s.lookup(r.ID, r.ExecID)
+	if err != nil {
 		return nil, err
 	}
-	return nil, errUnimplemented("%s has no terminal: kata-fsx does not support terminals yet", describe(r.ID, r.ExecID))
+	if !p.io.terminal {
+		return nil, errPrecondition("%s has no terminal to resize: it was created without one (ctr -t, crictl -t give one)", describe(r.ID, r.ExecID))
+	}
+	if err := checkTerminalSize(r.Height, r.Width); err != nil {
+		return nil, errInvalid("%s: %v", describe(r.ID, r.ExecID), err)
+	}
+	if p.deferResize(r.Height, r.Width) {
+		return &emptypb.Empty{}, nil
+	}
+	if st, _, _ := p.status(); st == procStopped {
+		return nil, errNotFound("%s: process already finished", describe(r.ID, r.ExecID))
+	}
+	sb := s.currentSandbox()
+	if sb == nil || sb.Err() != nil {
+		return nil, errPrecondition("%s: the pod VM is gone", describe(r.ID, r.ExecID))
+	}
+	if err := sb.Agent().TtyWinResize(ctx, p.containerID, p.agentExecID, r.Height, r.Width); err != nil {
+		if st, _, _ := p.status(); st == procStopped {
+			return nil, errNotFound("%s: process already finished", describe(r.ID, r.ExecID))
+		}
+		return nil, toStatus(sb.Explain(err))
+	}
+	return &emptypb.Empty{}, nil
 }
 
-// CloseIO closes a process's stdin in the guest.
+// CloseIO closes a process's stdin in the guest (on a terminal, the agent
+// types the terminal's end-of-file character: closing it would hang it up).
 func (s *service) CloseIO(ctx context.Context, r *taskapi.CloseIORequest) (*emptypb.Empty, error) {
 	_, p, err := s.lookup(r.ID, r.ExecID)
 	if err != nil {

@@ -37,6 +37,7 @@ type agent struct {
 	mu         sync.Mutex
 	sandboxID  string
 	storages   []string // sandbox mount points, in mount order
+	mounts     storageSet
 	containers map[string]*container
 	poweroff   chan struct{}
 	once       sync.Once
@@ -64,7 +65,9 @@ type process struct {
 	// stdin is the write end of the process's stdin pipe, set once at
 	// start; os.File serialises concurrent writes and a Close wakes a
 	// blocked one, so no lock is held across a write that may block.
-	stdin   atomic.Pointer[os.File]
+	stdin atomic.Pointer[os.File]
+	// tty is the terminal of a process with one, set once at start.
+	tty     *terminal
 	stdout  *outputBuffer
 	stderr  *outputBuffer
 	started atomic.Bool   // set once cmd has started
@@ -158,9 +161,9 @@ func (a *agent) CreateSandbox(ctx context.Context, req *pb.CreateSandboxRequest)
 	}
 	var mounted []string
 	for _, s := range req.GetStorages() {
-		mp, err := mountStorage(ctx, s)
+		mp, err := a.mounts.add(ctx, s)
 		if err != nil {
-			unmountAll(mounted)
+			a.mounts.release(mounted)
 			return nil, err
 		}
 		log.Printf("sandbox storage %s %s mounted on %s", s.GetDriver(), s.GetSource(), mp)
@@ -181,10 +184,10 @@ func (a *agent) DestroySandbox(ctx context.Context, _ *pb.DestroySandboxRequest)
 	defer a.mu.Unlock()
 	for id, c := range a.containers {
 		c.killAll(ctx, 5*time.Second)
-		unmountAll(c.storages)
+		a.mounts.release(c.storages)
 		delete(a.containers, id)
 	}
-	unmountAll(a.storages)
+	a.mounts.release(a.storages)
 	a.storages = nil
 	unix.Sync()
 	a.once.Do(func() { close(a.poweroff) })
@@ -201,10 +204,11 @@ func (a *agent) CreateContainer(ctx context.Context, req *pb.CreateContainerRequ
 		return nil, status.Errorf(codes.InvalidArgument, "bad container id %q", id)
 	case spec == nil || spec.GetProcess() == nil || len(spec.GetProcess().GetArgs()) == 0:
 		return nil, status.Errorf(codes.InvalidArgument, "container %s: OCI spec has no process args", id)
-	case spec.GetProcess().GetTerminal():
-		return nil, status.Errorf(codes.Unimplemented, "container %s: terminals are not supported by the test agent", id)
 	case spec.GetRoot().GetPath() == "":
 		return nil, status.Errorf(codes.InvalidArgument, "container %s: OCI spec has no root path", id)
+	}
+	if _, err := terminalSize(spec.GetProcess()); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "container %s: %v", id, status.Convert(err).Message())
 	}
 	if err := a.waitModules(ctx); err != nil {
 		return nil, err
@@ -219,9 +223,9 @@ func (a *agent) CreateContainer(ctx context.Context, req *pb.CreateContainerRequ
 	}
 	var mounted []string
 	for _, s := range req.GetStorages() {
-		mp, err := mountStorage(ctx, s)
+		mp, err := a.mounts.add(ctx, s)
 		if err != nil {
-			unmountAll(mounted)
+			a.mounts.release(mounted)
 			return nil, fmt.Errorf("container %s: %w", id, err)
 		}
 		log.Printf("container %s storage %s %s mounted on %s", id, s.GetDriver(), s.GetSource(), mp)
@@ -232,7 +236,7 @@ func (a *agent) CreateContainer(ctx context.Context, req *pb.CreateContainerRequ
 		rootfs = filepath.Join(sharedContainersDir, id, rootfs)
 	}
 	if fi, err := os.Stat(rootfs); err != nil || !fi.IsDir() {
-		unmountAll(mounted)
+		a.mounts.release(mounted)
 		return nil, status.Errorf(codes.NotFound, "container %s: rootfs %s is not a directory (%v)", id, rootfs, err)
 	}
 	execID := req.GetExecId()
@@ -287,6 +291,10 @@ func (a *agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 		return nil, status.Errorf(codes.FailedPrecondition, "container %s already started", c.id)
 	}
 	proc := c.spec.GetProcess()
+	size, err := terminalSize(proc)
+	if err != nil {
+		return nil, err
+	}
 	cfg := initConfig{
 		Rootfs:   c.rootfs,
 		Readonly: c.spec.GetRoot().GetReadonly(),
@@ -297,6 +305,8 @@ func (a *agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 		UID:      proc.GetUser().GetUID(),
 		GID:      proc.GetUser().GetGID(),
 		Groups:   proc.GetUser().GetAdditionalGids(),
+		Terminal: proc.GetTerminal(),
+		Console:  size,
 	}
 	for _, m := range c.spec.GetMounts() {
 		cfg.Mounts = append(cfg.Mounts, mountEntry{Destination: m.GetDestination(), Source: m.GetSource(), Type: m.GetType(), Options: m.GetOptions()})
@@ -322,7 +332,11 @@ func (a *agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 			Setsid:     true,
 		},
 	}
-	err = p.start(cmd, func() error { return cmd.Start() })
+	if cfg.Terminal {
+		err = startInitTerminal(p, cmd)
+	} else {
+		err = p.start(cmd, func() error { return cmd.Start() })
+	}
 	syncW.Close()
 	if err != nil {
 		return nil, fmt.Errorf("container %s: start init: %w", c.id, err)
@@ -450,8 +464,9 @@ func (a *agent) ExecProcess(ctx context.Context, req *pb.ExecProcessRequest) (*e
 	if proc == nil || len(proc.GetArgs()) == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "container %s exec %s: no args", c.id, execID)
 	}
-	if proc.GetTerminal() {
-		return nil, status.Errorf(codes.Unimplemented, "exec %s: terminals are not supported by the test agent", execID)
+	size, err := terminalSize(proc)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "container %s exec %s: %v", c.id, execID, status.Convert(err).Message())
 	}
 	p := newProcess(execID)
 	cmd := &exec.Cmd{
@@ -470,7 +485,12 @@ func (a *agent) ExecProcess(ctx context.Context, req *pb.ExecProcessRequest) (*e
 	if cmd.Dir == "" {
 		cmd.Dir = "/"
 	}
-	err := p.start(cmd, func() error { return startInNamespaces(c.init.cmd.Process.Pid, cmd) })
+	pid := c.init.cmd.Process.Pid
+	if proc.GetTerminal() {
+		err = p.startTerminal(cmd, func() (*os.File, error) { return startExecTerminal(pid, cmd, size) })
+	} else {
+		err = p.start(cmd, func() error { return startInNamespaces(pid, cmd, nil) })
+	}
 	if err != nil {
 		if errors.Is(err, exec.ErrNotFound) {
 			return nil, status.Errorf(codes.NotFound, "container %s exec %s: %v", c.id, execID, err)
@@ -484,18 +504,19 @@ func (a *agent) ExecProcess(ctx context.Context, req *pb.ExecProcessRequest) (*e
 
 // startInNamespaces starts cmd inside the namespaces of process pid; see
 // ExecProcess for why a dedicated, never-unlocked OS thread does it.
-func startInNamespaces(pid int, cmd *exec.Cmd) error {
+// prepare, if not nil, runs on that thread once it joined them.
+func startInNamespaces(pid int, cmd *exec.Cmd, prepare func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		// No UnlockOSThread: the thread's namespaces no longer match the rest
 		// of the agent, so the runtime must discard it when we return.
-		errc <- joinAndStart(pid, cmd)
+		errc <- joinAndStart(pid, cmd, prepare)
 	}()
 	return <-errc
 }
 
-func joinAndStart(pid int, cmd *exec.Cmd) error {
+func joinAndStart(pid int, cmd *exec.Cmd, prepare func() error) error {
 	namespaces := []struct {
 		name string
 		typ  int
@@ -527,6 +548,11 @@ func joinAndStart(pid int, cmd *exec.Cmd) error {
 		return err
 	}
 	cmd.Path = path
+	if prepare != nil {
+		if err := prepare(); err != nil {
+			return err
+		}
+	}
 	return cmd.Start()
 }
 
@@ -676,7 +702,7 @@ func (a *agent) RemoveContainer(ctx context.Context, req *pb.RemoveContainerRequ
 	if !c.killAll(ctx, timeout) {
 		return nil, status.Errorf(codes.DeadlineExceeded, "container %s: processes still running after %s", c.id, timeout)
 	}
-	unmountAll(c.storages)
+	a.mounts.release(c.storages)
 	a.mu.Lock()
 	delete(a.containers, c.id)
 	a.mu.Unlock()
@@ -760,15 +786,31 @@ func (a *agent) WriteStdin(_ context.Context, req *pb.WriteStreamRequest) (*pb.W
 
 // CloseStdin implements grpc.AgentService.
 func (a *agent) CloseStdin(_ context.Context, req *pb.CloseStdinRequest) (*emptypb.Empty, error) {
-	_, p, err := a.lookup(req.GetContainerId(), req.GetExecId())
+	c, p, err := a.lookup(req.GetContainerId(), req.GetExecId())
 	if err != nil {
 		return nil, err
+	}
+	if p.started.Load() && p.tty != nil {
+		if err := p.endTerminalInput(); err != nil {
+			return nil, fmt.Errorf("container %s: close stdin of %s: %w", c.id, p.execID, err)
+		}
+		return &emptypb.Empty{}, nil
 	}
 	p.closeStdin()
 	return &emptypb.Empty{}, nil
 }
 
-// TtyWinResize implements grpc.AgentService; the test agent has no terminals.
-func (a *agent) TtyWinResize(context.Context, *pb.TtyWinResizeRequest) (*emptypb.Empty, error) {
-	return nil, status.Error(codes.Unimplemented, "terminals are not supported by the test agent")
+// TtyWinResize implements grpc.AgentService: it resizes a process's terminal.
+func (a *agent) TtyWinResize(_ context.Context, req *pb.TtyWinResizeRequest) (*emptypb.Empty, error) {
+	c, p, err := a.lookup(req.GetContainerId(), req.GetExecId())
+	if err != nil {
+		return nil, err
+	}
+	if err := p.resizeTerminal(req.GetRow(), req.GetColumn()); err != nil {
+		if _, ok := status.FromError(err); ok {
+			return nil, status.Errorf(status.Code(err), "container %s: %s", c.id, status.Convert(err).Message())
+		}
+		return nil, fmt.Errorf("container %s: %w", c.id, err)
+	}
+	return &emptypb.Empty{}, nil
 }

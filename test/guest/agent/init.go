@@ -35,6 +35,9 @@ type initConfig struct {
 	UID      uint32       `json:"uid"`
 	GID      uint32       `json:"gid"`
 	Groups   []uint32     `json:"groups"`
+	// Terminal gives the process a pty of the container (see pty.go).
+	Terminal bool         `json:"terminal"`
+	Console  *consoleSize `json:"console,omitempty"`
 }
 
 type mountEntry struct {
@@ -79,6 +82,11 @@ func setupAndExec() error {
 	if cfg.Hostname != "" {
 		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 			return fmt.Errorf("sethostname: %w", err)
+		}
+	}
+	if cfg.Terminal {
+		if err := setupConsole(&cfg); err != nil {
+			return err
 		}
 	}
 	if err := setUser(cfg.UID, cfg.GID, cfg.Groups); err != nil {
@@ -200,15 +208,32 @@ func mountInRootfs(root string, m mountEntry) error {
 		return fmt.Errorf("mount destination %q is not absolute", m.Destination)
 	}
 	dest := filepath.Join(root, filepath.Clean(m.Destination))
-	// Refuse symlinks on the way: they could point outside the rootfs.
-	if err := mkdirNoSymlinks(root, dest); err != nil {
-		return fmt.Errorf("mount %s: %w", m.Destination, err)
-	}
 	flags, data := mount.ParseOptions(m.Options)
 	typ := m.Type
 	if typ == "bind" {
 		typ = ""
 		flags |= unix.MS_BIND
+	}
+	// A file can only be bound over a file (/etc/hosts, a single-file
+	// volume), a directory only over a directory.
+	fileBind := false
+	if flags&unix.MS_BIND != 0 {
+		fi, err := os.Stat(m.Source)
+		if err != nil {
+			return fmt.Errorf("mount %s: bind source: %w", m.Destination, err)
+		}
+		fileBind = !fi.IsDir()
+	}
+	// Refuse symlinks on the way: they could point outside the rootfs.
+	if fileBind {
+		if err := mkdirNoSymlinks(root, filepath.Dir(dest)); err != nil {
+			return fmt.Errorf("mount %s: %w", m.Destination, err)
+		}
+		if err := makeFileNoSymlink(dest); err != nil {
+			return fmt.Errorf("mount %s: %w", m.Destination, err)
+		}
+	} else if err := mkdirNoSymlinks(root, dest); err != nil {
+		return fmt.Errorf("mount %s: %w", m.Destination, err)
 	}
 	propagation := flags & (unix.MS_PRIVATE | unix.MS_SHARED | unix.MS_SLAVE | unix.MS_UNBINDABLE)
 	flags &^= propagation
@@ -229,6 +254,27 @@ func mountInRootfs(root string, m mountEntry) error {
 		if err := unix.Mount("", dest, "", propagation|flags&unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("set propagation of %s: %w", m.Destination, err)
 		}
+	}
+	return nil
+}
+
+// makeFileNoSymlink makes sure path is a file to bind a file over,
+// creating an empty one if need be; a symlink or a directory is refused.
+func makeFileNoSymlink(path string) error {
+	fi, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW, 0o644)
+		if err != nil {
+			return err
+		}
+		return f.Close()
+	case err != nil:
+		return err
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return fmt.Errorf("%s is a symlink", path)
+	case fi.IsDir():
+		return fmt.Errorf("%s is a directory: a file cannot be bound over it", path)
 	}
 	return nil
 }
