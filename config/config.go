@@ -114,6 +114,9 @@ type Agent struct {
 // Runtime is Kata's [runtime] table.
 type Runtime struct {
 	EnableDebug bool `toml:"enable_debug"`
+	// InterNetworkingModel is how the pod's network namespace reaches the
+	// VM: "tcfilter" (Kata's default) or "none" (no NIC).
+	InterNetworkingModel string `toml:"internetworking_model"`
 }
 
 // ImagefsBlk is the [kata_fsx.imagefs_blk] table: the in-process block backend.
@@ -206,7 +209,8 @@ func Default() *Config {
 			MemorySlots:        10,
 			VhostUserStorePath: "/var/run/kata-containers/vhost-user",
 		}},
-		Agent: agentTable{Kata: Agent{DialTimeout: 45}},
+		Agent:   agentTable{Kata: Agent{DialTimeout: 45}},
+		Runtime: Runtime{InterNetworkingModel: "tcfilter"},
 		KataFSX: KataFSX{
 			Accelerator:    AccelAuto,
 			AgentTransport: TransportAuto,

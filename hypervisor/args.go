@@ -197,6 +197,9 @@ func Build(vm *VMConfig) (*Plan, error) {
 		b.add(d.args(loc)...)
 		b.plan.PCIPaths[d.DeviceID()] = loc.path
 	}
+	if err := b.nics(vm, bus); err != nil {
+		return nil, err
+	}
 
 	if vm.Kernel != "" {
 		b.add("-kernel", vm.Kernel)
@@ -399,7 +402,7 @@ func validateVM(vm *VMConfig) error {
 			return fmt.Errorf("device %s (%s): %w", id, d.driver(), err)
 		}
 	}
-	return nil
+	return validateNICs(vm, ids)
 }
 
 // validateImage checks the guest image against Kata's rules (image and

@@ -26,6 +26,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/host"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
 	"github.com/kata-fsx/kata-fsx/mount"
+	"github.com/kata-fsx/kata-fsx/network"
 	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
 
@@ -49,6 +50,9 @@ type Spec struct {
 	// RootfsBlockFile is the first container's rootfs as a raw ext4 image
 	// file, for BackendVirtioBlk.
 	RootfsBlockFile string
+	// NetNSPath is the pod's network namespace (the OCI spec's network
+	// namespace path); empty for a pod without one, which gets no NIC.
+	NetNSPath string
 }
 
 // BackendVirtioBlk serves a prebuilt raw ext4 image file as the first
@@ -78,6 +82,8 @@ type Sandbox struct {
 	// hybridVsock is the in-process vsock device behind a hybrid vsock
 	// transport; Stop closes it after QEMU is gone.
 	hybridVsock io.Closer
+	// net is the pod's network namespace wired to the VM's NICs; nil for none.
+	net *network.Network
 	// daemon is the detected virtiofsd, kept for an imagefs-blk pod's
 	// volumes, whose daemon starts with the first container that has any.
 	daemon    *virtiofs.Daemon
@@ -169,9 +175,15 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := s.setupNetwork(ctx, spec, vmc); err != nil {
+		return nil, err
+	}
 	s.vm, err = hypervisor.Start(ctx, vmc)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: start QEMU: %w", spec.ID, err)
+	}
+	if err := s.closeNetworkFiles(); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	s.watch(func() (<-chan struct{}, func() error) { return s.vm.Exited(), s.vmExit })
 	timeout := time.Duration(cfg.AgentKata().DialTimeout) * time.Second
@@ -195,6 +207,9 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 		if len(f) > 0 {
 			req.KernelModules = append(req.KernelModules, &pb.KernelModule{Name: f[0], Parameters: f[1:]})
 		}
+	}
+	if err := s.configureGuestNetwork(ctx); err != nil {
+		return nil, fmt.Errorf("sandbox %s: guest network: %w", spec.ID, err)
 	}
 	if err := s.agent.CreateSandbox(ctx, req); err != nil {
 		return nil, s.Explain(fmt.Errorf("sandbox %s: agent CreateSandbox: %w", spec.ID, err))
@@ -668,7 +683,10 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("stop QEMU: %w", err))
 		}
 	}
-	// QEMU is gone: nothing uses the agent channel's device or CID any more.
+	// QEMU is gone: nothing uses the taps, nor the agent channel's device or CID.
+	if err := s.teardownNetwork(); err != nil {
+		errs = append(errs, err)
+	}
 	if s.hybridVsock != nil {
 		if err := s.hybridVsock.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("stop the hybrid vsock device: %w", err))

@@ -253,7 +253,7 @@ func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskReques
 		}
 	}()
 	hostname := spec.Hostname
-	sb, err := sandbox.New(sbCtx, sandbox.Spec{ID: r.ID, Config: cfg, Annotations: spec.Annotations, Rootfs: rootfs, Hostname: hostname})
+	sb, err := sandbox.New(sbCtx, sandbox.Spec{ID: r.ID, Config: cfg, Annotations: spec.Annotations, Rootfs: rootfs, Hostname: hostname, NetNSPath: netNSPath(spec)})
 	close(booted)
 	if err != nil {
 		sbCancel()

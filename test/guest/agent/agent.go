@@ -151,6 +151,9 @@ func (a *agent) CreateSandbox(ctx context.Context, req *pb.CreateSandboxRequest)
 			return nil, fmt.Errorf("sethostname: %w", err)
 		}
 	}
+	if err := upLoopback(); err != nil {
+		return nil, err
+	}
 	if dns := req.GetDns(); len(dns) > 0 {
 		if err := setupDNS(dns); err != nil {
 			return nil, err
