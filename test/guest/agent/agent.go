@@ -38,6 +38,7 @@ type agent struct {
 	sandboxID  string
 	storages   []string // sandbox mount points, in mount order
 	containers map[string]*container
+	cgroups    *cgroups
 	poweroff   chan struct{}
 	once       sync.Once
 
@@ -53,6 +54,7 @@ type container struct {
 	rootfs   string
 	storages []string
 	init     *process
+	cgroup   *containerCgroup
 	starting atomic.Bool
 	execs    map[string]*process
 }
@@ -73,7 +75,7 @@ type process struct {
 }
 
 func newAgent() *agent {
-	return &agent{containers: map[string]*container{}, poweroff: make(chan struct{}), modulesDone: make(chan struct{})}
+	return &agent{containers: map[string]*container{}, cgroups: newCgroups(), poweroff: make(chan struct{}), modulesDone: make(chan struct{})}
 }
 
 // waitModules waits for the storage modules, which load while the agent
@@ -178,6 +180,7 @@ func (a *agent) DestroySandbox(ctx context.Context, _ *pb.DestroySandboxRequest)
 	defer a.mu.Unlock()
 	for id, c := range a.containers {
 		c.killAll(ctx, 5*time.Second)
+		a.cgroups.remove(c.cgroup)
 		unmountAll(c.storages)
 		delete(a.containers, id)
 	}
@@ -232,6 +235,18 @@ func (a *agent) CreateContainer(ctx context.Context, req *pb.CreateContainerRequ
 		unmountAll(mounted)
 		return nil, status.Errorf(codes.NotFound, "container %s: rootfs %s is not a directory (%v)", id, rootfs, err)
 	}
+	if _, err := processPrivileges(spec.GetProcess()); err != nil {
+		unmountAll(mounted)
+		return nil, fmt.Errorf("container %s: %w", id, err)
+	}
+	if spec.GetLinux().GetSeccomp() != nil {
+		log.Printf("container %s: seccomp profile NOT applied: the test agent has no seccomp filter builder", id)
+	}
+	cg, err := a.cgroups.create(id, spec)
+	if err != nil {
+		unmountAll(mounted)
+		return nil, err
+	}
 	execID := req.GetExecId()
 	if execID == "" {
 		execID = id
@@ -242,6 +257,7 @@ func (a *agent) CreateContainer(ctx context.Context, req *pb.CreateContainerRequ
 		rootfs:   rootfs,
 		storages: mounted,
 		init:     newProcess(execID),
+		cgroup:   cg,
 		execs:    map[string]*process{},
 	}
 	return &emptypb.Empty{}, nil
@@ -284,6 +300,10 @@ func (a *agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 		return nil, status.Errorf(codes.FailedPrecondition, "container %s already started", c.id)
 	}
 	proc := c.spec.GetProcess()
+	priv, err := processPrivileges(proc)
+	if err != nil {
+		return nil, fmt.Errorf("container %s: %w", c.id, err)
+	}
 	cfg := initConfig{
 		Rootfs:   c.rootfs,
 		Readonly: c.spec.GetRoot().GetReadonly(),
@@ -291,9 +311,8 @@ func (a *agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 		Args:     proc.GetArgs(),
 		Env:      proc.GetEnv(),
 		Cwd:      proc.GetCwd(),
-		UID:      proc.GetUser().GetUID(),
-		GID:      proc.GetUser().GetGID(),
-		Groups:   proc.GetUser().GetAdditionalGids(),
+
+		Privileges: priv,
 	}
 	for _, m := range c.spec.GetMounts() {
 		cfg.Mounts = append(cfg.Mounts, mountEntry{Destination: m.GetDestination(), Source: m.GetSource(), Type: m.GetType(), Options: m.GetOptions()})
@@ -317,6 +336,10 @@ func (a *agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags: cloneFlags(c.spec),
 			Setsid:     true,
+			// clone3 straight into the container's cgroup: nothing of the
+			// container runs outside its limits.
+			UseCgroupFD: true,
+			CgroupFD:    c.cgroup.fd,
 		},
 	}
 	err = p.start(cmd, func() error { return cmd.Start() })
@@ -450,29 +473,40 @@ func (a *agent) ExecProcess(ctx context.Context, req *pb.ExecProcessRequest) (*e
 	if proc.GetTerminal() {
 		return nil, status.Errorf(codes.Unimplemented, "exec %s: terminals are not supported by the test agent", execID)
 	}
+	priv, err := processPrivileges(proc)
+	if err != nil {
+		return nil, fmt.Errorf("container %s exec %s: %w", c.id, execID, err)
+	}
+	xc := &execConfig{Args: proc.GetArgs(), Env: proc.GetEnv(), Cwd: proc.GetCwd(), Privileges: priv}
+	syncR, syncW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer syncR.Close()
 	p := newProcess(execID)
 	cmd := &exec.Cmd{
-		Args: proc.GetArgs(),
-		Env:  proc.GetEnv(),
-		Dir:  proc.GetCwd(),
+		// The exec helper (privileges.go), through the container's /proc:
+		// the process forks in the container's mount namespace.
+		Path:       "/proc/self/exe",
+		Args:       []string{"/init", execInitArg},
+		ExtraFiles: []*os.File{syncW},
 		SysProcAttr: &syscall.SysProcAttr{
-			Setsid: true,
-			Credential: &syscall.Credential{
-				Uid:    proc.GetUser().GetUID(),
-				Gid:    proc.GetUser().GetGID(),
-				Groups: proc.GetUser().GetAdditionalGids(),
-			},
+			Setsid:      true,
+			UseCgroupFD: true,
+			CgroupFD:    c.cgroup.fd,
 		},
 	}
-	if cmd.Dir == "" {
-		cmd.Dir = "/"
-	}
-	err := p.start(cmd, func() error { return startInNamespaces(c.init.cmd.Process.Pid, cmd) })
+	err = p.start(cmd, func() error { return startInNamespaces(c.init.cmd.Process.Pid, cmd, xc) })
+	syncW.Close()
 	if err != nil {
 		if errors.Is(err, exec.ErrNotFound) {
 			return nil, status.Errorf(codes.NotFound, "container %s exec %s: %v", c.id, execID, err)
 		}
 		return nil, fmt.Errorf("container %s exec %s: %w", c.id, execID, err)
+	}
+	if msg, _ := io.ReadAll(io.LimitReader(syncR, 64<<10)); len(msg) > 0 {
+		<-p.done
+		return nil, status.Errorf(codes.FailedPrecondition, "container %s exec %s: %s", c.id, execID, msg)
 	}
 	c.execs[execID] = p
 	log.Printf("container %s exec %s started: pid %d %q", c.id, execID, cmd.Process.Pid, cmd.Args)
@@ -481,18 +515,18 @@ func (a *agent) ExecProcess(ctx context.Context, req *pb.ExecProcessRequest) (*e
 
 // startInNamespaces starts cmd inside the namespaces of process pid; see
 // ExecProcess for why a dedicated, never-unlocked OS thread does it.
-func startInNamespaces(pid int, cmd *exec.Cmd) error {
+func startInNamespaces(pid int, cmd *exec.Cmd, xc *execConfig) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		// No UnlockOSThread: the thread's namespaces no longer match the rest
 		// of the agent, so the runtime must discard it when we return.
-		errc <- joinAndStart(pid, cmd)
+		errc <- joinAndStart(pid, cmd, xc)
 	}()
 	return <-errc
 }
 
-func joinAndStart(pid int, cmd *exec.Cmd) error {
+func joinAndStart(pid int, cmd *exec.Cmd, xc *execConfig) error {
 	namespaces := []struct {
 		name string
 		typ  int
@@ -519,11 +553,16 @@ func joinAndStart(pid int, cmd *exec.Cmd) error {
 			return fmt.Errorf("join %s namespace of pid %d: %w", ns.name, pid, err)
 		}
 	}
-	path, err := lookPath(cmd.Args[0], cmd.Env)
+	path, err := lookPath(xc.Args[0], xc.Env)
 	if err != nil {
 		return err
 	}
-	cmd.Path = path
+	xc.Path = path
+	blob, err := json.Marshal(xc)
+	if err != nil {
+		return err
+	}
+	cmd.Env = []string{initConfigEnv + "=" + string(blob)}
 	return cmd.Start()
 }
 
@@ -673,6 +712,7 @@ func (a *agent) RemoveContainer(ctx context.Context, req *pb.RemoveContainerRequ
 	if !c.killAll(ctx, timeout) {
 		return nil, status.Errorf(codes.DeadlineExceeded, "container %s: processes still running after %s", c.id, timeout)
 	}
+	a.cgroups.remove(c.cgroup)
 	unmountAll(c.storages)
 	a.mu.Lock()
 	delete(a.containers, c.id)
