@@ -41,6 +41,9 @@ type Spec struct {
 	Rootfs      config.Rootfs
 	HostVolumes []string
 	Hostname    string
+	// Resources are the first container's cgroup resources: they size a
+	// lone container's VM under static_sandbox_resource_mgmt.
+	Resources *specs.LinuxResources
 	// Backend, when set, overrides the policy (kata-fsx run --backend).
 	Backend string
 	// RootfsIndex, when set, is the first container's rootfs already
@@ -128,6 +131,15 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 		d.Backend, d.Reason = spec.Backend, "requested explicitly (--backend "+spec.Backend+")"
 	}
 	cfg := d.Config
+	if cfg.Runtime.StaticSandboxResourceMgmt {
+		sz, err := WorkloadSizing(spec.Annotations, spec.Resources)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s: static_sandbox_resource_mgmt: %w", spec.ID, err)
+		}
+		applySizing(cfg.QEMU(), sz)
+		log.G(ctx).WithField("sandbox", spec.ID).Infof("static_sandbox_resource_mgmt: %g vCPUs and %d MiB from %s: the VM gets %d vCPUs and %d MiB",
+			sz.CPUs, sz.MemoryMiB, sz.From, cfg.QEMU().DefaultVCPUs, cfg.QEMU().DefaultMemory)
+	}
 	s := newSandbox(ctx, spec.ID, d)
 	log.G(ctx).WithField("sandbox", spec.ID).Infof("backend %s: %s", d.Backend, d.Reason)
 	for _, k := range cfg.Ignored {

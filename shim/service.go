@@ -254,7 +254,11 @@ func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskReques
 		}
 	}()
 	hostname := spec.Hostname
-	sb, err := sandbox.New(sbCtx, sandbox.Spec{ID: r.ID, Config: cfg, Annotations: spec.Annotations, Rootfs: rootfs, Hostname: hostname})
+	var res *specs.LinuxResources
+	if spec.Linux != nil {
+		res = spec.Linux.Resources
+	}
+	sb, err := sandbox.New(sbCtx, sandbox.Spec{ID: r.ID, Config: cfg, Annotations: spec.Annotations, Rootfs: rootfs, Hostname: hostname, Resources: res})
 	close(booted)
 	if err != nil {
 		sbCancel()

@@ -466,6 +466,10 @@ func (a *agent) ExecProcess(ctx context.Context, req *pb.ExecProcessRequest) (*e
 	if !c.init.running() {
 		return nil, status.Errorf(codes.FailedPrecondition, "container %s is not running", c.id)
 	}
+	if c.cgroup.frozen() {
+		// The exec would start frozen, and its start would never report.
+		return nil, status.Errorf(codes.FailedPrecondition, "container %s is paused: resume it first", c.id)
+	}
 	proc := req.GetProcess()
 	if proc == nil || len(proc.GetArgs()) == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "container %s exec %s: no args", c.id, execID)

@@ -498,6 +498,12 @@ func (cg *containerCgroup) freeze(ctx context.Context, on bool) error {
 	}
 }
 
+// frozen says whether the cgroup is frozen (paused).
+func (cg *containerCgroup) frozen() bool {
+	b, err := os.ReadFile(filepath.Join(cg.path, "cgroup.freeze"))
+	return err == nil && strings.TrimSpace(string(b)) == "1"
+}
+
 // containerCgroupOf looks a container up for a cgroup call.
 func (a *agent) containerCgroupOf(id string) (*containerCgroup, error) {
 	a.mu.Lock()

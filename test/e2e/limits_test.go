@@ -1,0 +1,394 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	tasksapi "github.com/containerd/containerd/api/services/tasks/v1"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// limitBackends are the backends the limits tests run on: the limits live
+// in the guest, the same for both, so each costs one more boot only.
+var limitBackends = []string{"imagefs-blk", "virtio-fs"}
+
+// eventWatch is `ctr events` running in the background.
+type eventWatch struct {
+	mu  sync.Mutex
+	out bytes.Buffer
+}
+
+func (w *eventWatch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.out.Write(p)
+}
+
+// watchEvents starts `ctr events` until the test ends.
+func (ce *containerdEnv) watchEvents(t *testing.T) *eventWatch {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &eventWatch{}
+	cmd := exec.CommandContext(ctx, "/usr/bin/ctr", "-a", ce.sock, "events")
+	cmd.Stdout = w
+	if err := cmd.Start(); err != nil {
+		cancel()
+		t.Fatalf("ctr events: %v", err)
+	}
+	t.Cleanup(func() { cancel(); _ = cmd.Wait() })
+	// ctr subscribes asynchronously; give it a moment before the events it must see.
+	time.Sleep(500 * time.Millisecond)
+	return w
+}
+
+// waitFor waits until a line of the stream has topic and mentions id.
+func (w *eventWatch) waitFor(topic, id string, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		w.mu.Lock()
+		s := w.out.String()
+		w.mu.Unlock()
+		for _, l := range strings.Split(s, "\n") {
+			if strings.Contains(l, " "+topic+" ") && strings.Contains(l, `"`+id+`"`) {
+				return true
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return false
+}
+
+func (w *eventWatch) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.out.String()
+}
+
+// TestLimitsOOM: a container limited to 64 MiB that allocates 400 MB is
+// OOM-killed in the guest (exit 137) and containerd publishes /tasks/oom.
+func TestLimitsOOM(t *testing.T) {
+	ce := newContainerdEnv(t)
+	events := ce.watchEvents(t)
+	for _, backend := range limitBackends {
+		t.Run(backend, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			id := "oom-" + strings.ReplaceAll(backend, "-", "")
+			// dd's 400M block is one buffer that reading /dev/zero fills:
+			// anonymous memory charged to the container's cgroup. dd is
+			// the container's process: the OOM killer takes the biggest
+			// process, not the whole cgroup (no memory.oom.group).
+			r := ce.ctr(ctx, ce.runArgs("--rm", "--memory-limit", "67108864",
+				"--annotation", "io.katacontainers.config.hypervisor.shared_fs="+backend,
+				ce.image, id, "/bin/dd", "if=/dev/zero", "of=/dev/null", "bs=400M", "count=1")...)
+			if r.code != 137 {
+				t.Fatalf("ctr run: exit %d, want 137 (SIGKILL by the OOM killer)\nstdout:\n%s\nstderr:\n%s\n%s", r.code, r.stdout, r.stderr, ce.logTail(3000))
+			}
+			if strings.Contains(r.stderr, "records out") {
+				t.Fatalf("dd finished: %q", r.stderr)
+			}
+			if !events.waitFor("/tasks/oom", id, 20*time.Second) {
+				t.Fatalf("no /tasks/oom event for %s; ctr events saw:\n%s", id, events)
+			}
+			// The same allocation without a limit is not killed: the limit did it.
+			r = ce.ctr(ctx, ce.runArgs("--rm", "--annotation", "io.katacontainers.config.hypervisor.shared_fs="+backend,
+				ce.image, id+"-free", "/bin/sh", "-c", "dd if=/dev/zero of=/dev/null bs=100M count=1 && echo survived")...)
+			if r.code != 0 || !strings.Contains(r.stdout, "survived") {
+				t.Fatalf("unlimited run: exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+			}
+		})
+	}
+}
+
+// containerSpec reads a container's OCI spec as containerd stored it.
+func (ce *containerdEnv) containerSpec(ctx context.Context, t *testing.T, id string) *specs.Spec {
+	t.Helper()
+	r := ce.ctr(ctx, "containers", "info", id)
+	if r.code != 0 {
+		t.Fatalf("ctr containers info: %d %s", r.code, r.stderr)
+	}
+	var info struct {
+		Spec *specs.Spec `json:"Spec"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &info); err != nil || info.Spec == nil || info.Spec.Process == nil {
+		t.Fatalf("containers info: %v\n%s", err, r.stdout)
+	}
+	return info.Spec
+}
+
+// capBits are the kernel's capability numbers.
+var capBits = map[string]int{
+	"CAP_CHOWN": unix.CAP_CHOWN, "CAP_DAC_OVERRIDE": unix.CAP_DAC_OVERRIDE, "CAP_DAC_READ_SEARCH": unix.CAP_DAC_READ_SEARCH,
+	"CAP_FOWNER": unix.CAP_FOWNER, "CAP_FSETID": unix.CAP_FSETID, "CAP_KILL": unix.CAP_KILL, "CAP_SETGID": unix.CAP_SETGID,
+	"CAP_SETUID": unix.CAP_SETUID, "CAP_SETPCAP": unix.CAP_SETPCAP, "CAP_LINUX_IMMUTABLE": unix.CAP_LINUX_IMMUTABLE,
+	"CAP_NET_BIND_SERVICE": unix.CAP_NET_BIND_SERVICE, "CAP_NET_BROADCAST": unix.CAP_NET_BROADCAST,
+	"CAP_NET_ADMIN": unix.CAP_NET_ADMIN, "CAP_NET_RAW": unix.CAP_NET_RAW, "CAP_IPC_LOCK": unix.CAP_IPC_LOCK,
+	"CAP_IPC_OWNER": unix.CAP_IPC_OWNER, "CAP_SYS_MODULE": unix.CAP_SYS_MODULE, "CAP_SYS_RAWIO": unix.CAP_SYS_RAWIO,
+	"CAP_SYS_CHROOT": unix.CAP_SYS_CHROOT, "CAP_SYS_PTRACE": unix.CAP_SYS_PTRACE, "CAP_SYS_PACCT": unix.CAP_SYS_PACCT,
+	"CAP_SYS_ADMIN": unix.CAP_SYS_ADMIN, "CAP_SYS_BOOT": unix.CAP_SYS_BOOT, "CAP_SYS_NICE": unix.CAP_SYS_NICE,
+	"CAP_SYS_RESOURCE": unix.CAP_SYS_RESOURCE, "CAP_SYS_TIME": unix.CAP_SYS_TIME, "CAP_SYS_TTY_CONFIG": unix.CAP_SYS_TTY_CONFIG,
+	"CAP_MKNOD": unix.CAP_MKNOD, "CAP_LEASE": unix.CAP_LEASE, "CAP_AUDIT_WRITE": unix.CAP_AUDIT_WRITE,
+	"CAP_AUDIT_CONTROL": unix.CAP_AUDIT_CONTROL, "CAP_SETFCAP": unix.CAP_SETFCAP, "CAP_MAC_OVERRIDE": unix.CAP_MAC_OVERRIDE,
+	"CAP_MAC_ADMIN": unix.CAP_MAC_ADMIN, "CAP_SYSLOG": unix.CAP_SYSLOG, "CAP_WAKE_ALARM": unix.CAP_WAKE_ALARM,
+	"CAP_BLOCK_SUSPEND": unix.CAP_BLOCK_SUSPEND, "CAP_AUDIT_READ": unix.CAP_AUDIT_READ, "CAP_PERFMON": unix.CAP_PERFMON,
+	"CAP_BPF": unix.CAP_BPF, "CAP_CHECKPOINT_RESTORE": unix.CAP_CHECKPOINT_RESTORE,
+}
+
+func capMask(t *testing.T, names []string) uint64 {
+	var m uint64
+	for _, n := range names {
+		b, ok := capBits[n]
+		if !ok {
+			t.Fatalf("spec names capability %q unknown to the test", n)
+		}
+		m |= 1 << b
+	}
+	return m
+}
+
+// statusField reads a field of a /proc/<pid>/status dump.
+func statusField(t *testing.T, status, field string) string {
+	for _, l := range strings.Split(status, "\n") {
+		if v, ok := strings.CutPrefix(l, field+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("no %s in status:\n%s", field, status)
+	return ""
+}
+
+// TestLimitsPrivileges: the container's init and an exec have exactly the
+// capability sets, no_new_privs and RLIMIT_NOFILE of the spec, for ctr's
+// default spec and with --cap-add / --allow-new-privs.
+func TestLimitsPrivileges(t *testing.T) {
+	ce := newContainerdEnv(t)
+	cases := []struct {
+		name, backend string
+		extra         []string
+	}{
+		{"default-imagefsblk", "imagefs-blk", nil},
+		{"capadd-virtiofs", "virtio-fs", []string{"--cap-add", "CAP_SYS_ADMIN", "--cap-drop", "CAP_CHOWN", "--allow-new-privs"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			id := "priv-" + tc.name
+			args := append([]string{"-d", "--annotation", "io.katacontainers.config.hypervisor.shared_fs=" + tc.backend}, tc.extra...)
+			if r := ce.ctr(ctx, ce.runArgs(append(args, ce.image, id, "/bin/sleep", "600")...)...); r.code != 0 {
+				t.Fatalf("ctr run -d: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			}
+			defer ce.removeTask(id)
+			if st := ce.waitTaskStatus(ctx, id, "RUNNING"); st != "RUNNING" {
+				t.Fatalf("task %s is %q, want RUNNING", id, st)
+			}
+			spec := ce.containerSpec(ctx, t, id)
+			p := spec.Process
+			if p.Capabilities == nil {
+				t.Fatal("ctr's spec has no capabilities")
+			}
+			want := map[string]uint64{
+				"CapEff": capMask(t, p.Capabilities.Effective), "CapPrm": capMask(t, p.Capabilities.Permitted),
+				"CapBnd": capMask(t, p.Capabilities.Bounding), "CapInh": capMask(t, p.Capabilities.Inheritable),
+				"CapAmb": capMask(t, p.Capabilities.Ambient),
+			}
+			var nofile *specs.POSIXRlimit
+			for i := range p.Rlimits {
+				if p.Rlimits[i].Type == "RLIMIT_NOFILE" {
+					nofile = &p.Rlimits[i]
+				}
+			}
+			if nofile == nil {
+				t.Fatalf("ctr's spec sets no RLIMIT_NOFILE: %+v", p.Rlimits)
+			}
+			wantNNP := "0"
+			if p.NoNewPrivileges {
+				wantNNP = "1"
+			}
+			// /proc/1 is the container's init (sleep); /proc/self the exec.
+			r := ce.ctr(ctx, "tasks", "exec", "--exec-id", "st", id, "/bin/sh", "-c",
+				"cat /proc/1/status; echo ===; cat /proc/self/status; echo ===; ulimit -n; ulimit -Hn")
+			if r.code != 0 {
+				t.Fatalf("exec: %d %s %s", r.code, r.stdout, r.stderr)
+			}
+			parts := strings.Split(r.stdout, "===\n")
+			if len(parts) != 3 {
+				t.Fatalf("exec output:\n%s", r.stdout)
+			}
+			for i, who := range []string{"init", "exec"} {
+				for field, mask := range want {
+					got, err := strconv.ParseUint(statusField(t, parts[i], field), 16, 64)
+					if err != nil || got != mask {
+						t.Errorf("%s %s = %#x, want %#x (the spec's %s)", who, field, got, mask, field)
+					}
+				}
+				if got := statusField(t, parts[i], "NoNewPrivs"); got != wantNNP {
+					t.Errorf("%s NoNewPrivs = %s, want %s (spec noNewPrivileges %v)", who, got, wantNNP, p.NoNewPrivileges)
+				}
+			}
+			if got := strings.Fields(parts[2]); len(got) != 2 || got[0] != strconv.FormatUint(nofile.Soft, 10) || got[1] != strconv.FormatUint(nofile.Hard, 10) {
+				t.Errorf("ulimit -n / -Hn = %v, want the spec's %d / %d", got, nofile.Soft, nofile.Hard)
+			}
+		})
+	}
+}
+
+// removeTask kills and deletes a test container, best effort.
+func (ce *containerdEnv) removeTask(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ce.ctr(ctx, "tasks", "kill", "-s", "SIGKILL", id)
+	ce.waitTaskStatus(ctx, id, "STOPPED")
+	ce.ctr(ctx, "tasks", "delete", id)
+	ce.ctr(ctx, "containers", "delete", id)
+}
+
+// taskMetrics is `ctr task metrics --format json`: containerd's cgroup v2 metrics.
+type taskMetrics struct {
+	Pids struct {
+		Current uint64 `json:"current"`
+	} `json:"pids"`
+	CPU struct {
+		UsageUsec uint64 `json:"usage_usec"`
+	} `json:"cpu"`
+	Memory struct {
+		Usage      uint64 `json:"usage"`
+		UsageLimit uint64 `json:"usage_limit"`
+	} `json:"memory"`
+}
+
+func (ce *containerdEnv) metrics(ctx context.Context, t *testing.T, id string) taskMetrics {
+	t.Helper()
+	r := ce.ctr(ctx, "tasks", "metrics", "--format", "json", id)
+	if r.code != 0 {
+		t.Fatalf("ctr task metrics: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	var m taskMetrics
+	if err := json.Unmarshal([]byte(r.stdout), &m); err != nil {
+		t.Fatalf("ctr task metrics: %v\n%s", err, r.stdout)
+	}
+	return m
+}
+
+// updateMemory calls containerd's Tasks.Update as a client would (ctr of
+// containerd 1.6 has no `task update`; CRI's UpdateContainerResources makes
+// the same call).
+func (ce *containerdEnv) updateMemory(ctx context.Context, t *testing.T, id string, limit int64) {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+ce.sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	res, _ := json.Marshal(specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}})
+	ctx = metadata.AppendToOutgoingContext(ctx, "containerd-namespace", "test")
+	_, err = tasksapi.NewTasksClient(conn).Update(ctx, &tasksapi.UpdateTaskRequest{
+		ContainerID: id,
+		Resources:   &anypb.Any{TypeUrl: "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources", Value: res},
+	})
+	if err != nil {
+		t.Fatalf("Tasks.Update %s memory %d: %v\n%s", id, limit, err, ce.logTail(2000))
+	}
+}
+
+// TestLimitsStatsPauseUpdate: ctr task metrics shows the container's real
+// CPU and memory; pause freezes it (PAUSED, its CPU time stands still) and
+// resume lets it go on; a memory update changes the limit the guest
+// enforces.
+func TestLimitsStatsPauseUpdate(t *testing.T) {
+	ce := newContainerdEnv(t)
+	for _, backend := range limitBackends {
+		t.Run(backend, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			id := "stats-" + strings.ReplaceAll(backend, "-", "")
+			const limit = 128 << 20
+			// A process that keeps working: it forks a sleep ten times a second.
+			if r := ce.ctr(ctx, ce.runArgs("-d", "--memory-limit", strconv.Itoa(limit),
+				"--annotation", "io.katacontainers.config.hypervisor.shared_fs="+backend,
+				ce.image, id, "/bin/sh", "-c", "while :; do echo x >> /tmp/ticks; sleep 0.1; done")...); r.code != 0 {
+				t.Fatalf("ctr run -d: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			}
+			defer ce.removeTask(id)
+			if st := ce.waitTaskStatus(ctx, id, "RUNNING"); st != "RUNNING" {
+				t.Fatalf("task %s is %q, want RUNNING", id, st)
+			}
+			time.Sleep(time.Second)
+			m := ce.metrics(ctx, t, id)
+			if m.CPU.UsageUsec == 0 || m.Memory.Usage == 0 || m.Pids.Current == 0 {
+				t.Fatalf("metrics show no CPU, memory or pids: %+v", m)
+			}
+			if m.Memory.UsageLimit != limit {
+				t.Errorf("memory.usage_limit = %d, want the --memory-limit %d", m.Memory.UsageLimit, limit)
+			}
+
+			if r := ce.ctr(ctx, "tasks", "pause", id); r.code != 0 {
+				t.Fatalf("ctr task pause: %d %s %s", r.code, r.stdout, r.stderr)
+			}
+			if st := ce.waitTaskStatus(ctx, id, "PAUSED"); st != "PAUSED" {
+				t.Fatalf("task %s is %q after pause, want PAUSED", id, st)
+			}
+			frozen := ce.metrics(ctx, t, id).CPU.UsageUsec
+			time.Sleep(3 * time.Second)
+			if still := ce.metrics(ctx, t, id).CPU.UsageUsec; still != frozen {
+				t.Errorf("CPU time went on while paused: %d -> %d usec", frozen, still)
+			}
+			if r := ce.ctr(ctx, "tasks", "resume", id); r.code != 0 {
+				t.Fatalf("ctr task resume: %d %s %s", r.code, r.stdout, r.stderr)
+			}
+			if st := ce.waitTaskStatus(ctx, id, "RUNNING"); st != "RUNNING" {
+				t.Fatalf("task %s is %q after resume, want RUNNING", id, st)
+			}
+			before := ce.ticks(ctx, t, id, "t1")
+			time.Sleep(2 * time.Second)
+			if after := ce.ticks(ctx, t, id, "t2"); after <= before {
+				t.Errorf("the process did not go on after resume: %d ticks, then %d", before, after)
+			}
+			if m2 := ce.metrics(ctx, t, id); m2.CPU.UsageUsec <= frozen {
+				t.Errorf("CPU time did not go on after resume: %d -> %d usec", frozen, m2.CPU.UsageUsec)
+			}
+
+			// 48M fits the 128M limit; after an update to 32M it does not.
+			alloc := []string{"/bin/sh", "-c", "dd if=/dev/zero of=/dev/null bs=48M count=1 && echo allocated"}
+			if r := ce.ctr(ctx, append([]string{"tasks", "exec", "--exec-id", "a1", id}, alloc...)...); r.code != 0 || !strings.Contains(r.stdout, "allocated") {
+				t.Fatalf("48M under the 128M limit: exit %d %q %q", r.code, r.stdout, r.stderr)
+			}
+			ce.updateMemory(ctx, t, id, 32<<20)
+			if got := ce.metrics(ctx, t, id).Memory.UsageLimit; got != 32<<20 {
+				t.Errorf("memory.usage_limit after update = %d, want %d", got, 32<<20)
+			}
+			if r := ce.ctr(ctx, append([]string{"tasks", "exec", "--exec-id", "a2", id}, alloc...)...); r.code != 137 {
+				t.Errorf("48M under the updated 32M limit: exit %d (want 137) %q %q", r.code, r.stdout, r.stderr)
+			}
+			logs := ce.logTail(1 << 22)
+			for _, topic := range []string{"/tasks/paused", "/tasks/resumed"} {
+				if !strings.Contains(logs, `msg="event forwarded" ns=test topic=`+topic+" ") {
+					t.Errorf("containerd never got the %s event", topic)
+				}
+			}
+		})
+	}
+}
+
+// ticks counts the lines the test container's loop wrote.
+func (ce *containerdEnv) ticks(ctx context.Context, t *testing.T, id, execID string) int {
+	t.Helper()
+	r := ce.ctr(ctx, "tasks", "exec", "--exec-id", execID, id, "/bin/sh", "-c", "wc -l < /tmp/ticks")
+	n, err := strconv.Atoi(strings.TrimSpace(r.stdout))
+	if r.code != 0 || err != nil {
+		t.Fatalf("count ticks: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	return n
+}
+
