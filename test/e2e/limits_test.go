@@ -226,7 +226,9 @@ func TestLimitsPrivileges(t *testing.T) {
 			if len(parts) != 3 {
 				t.Fatalf("exec output:\n%s", r.stdout)
 			}
+			t.Logf("spec: effective %v, RLIMIT_NOFILE %d/%d, noNewPrivileges %v", p.Capabilities.Effective, nofile.Soft, nofile.Hard, p.NoNewPrivileges)
 			for i, who := range []string{"init", "exec"} {
+				t.Logf("%s: CapEff %s NoNewPrivs %s", who, statusField(t, parts[i], "CapEff"), statusField(t, parts[i], "NoNewPrivs"))
 				for field, mask := range want {
 					got, err := strconv.ParseUint(statusField(t, parts[i], field), 16, 64)
 					if err != nil || got != mask {
@@ -239,6 +241,21 @@ func TestLimitsPrivileges(t *testing.T) {
 			}
 			if got := strings.Fields(parts[2]); len(got) != 2 || got[0] != strconv.FormatUint(nofile.Soft, 10) || got[1] != strconv.FormatUint(nofile.Hard, 10) {
 				t.Errorf("ulimit -n / -Hn = %v, want the spec's %d / %d", got, nofile.Soft, nofile.Hard)
+			}
+			// Another user: its uid and gid, and as non-root (no ambient
+			// capabilities) nothing effective or permitted after exec,
+			// with the bounding set still the spec's.
+			r = ce.ctr(ctx, "tasks", "exec", "--exec-id", "user", "--user", "1000:1000", id, "/bin/sh", "-c", "id -u; id -g; cat /proc/self/status")
+			if r.code != 0 {
+				t.Fatalf("exec --user: %d %s %s", r.code, r.stdout, r.stderr)
+			}
+			if f := strings.Fields(r.stdout); len(f) < 2 || f[0] != "1000" || f[1] != "1000" {
+				t.Errorf("exec --user 1000:1000 runs as %q", r.stdout)
+			}
+			for field, mask := range map[string]uint64{"CapEff": 0, "CapPrm": 0, "CapBnd": want["CapBnd"]} {
+				if got, err := strconv.ParseUint(statusField(t, r.stdout, field), 16, 64); err != nil || got != mask {
+					t.Errorf("user 1000 %s = %#x, want %#x", field, got, mask)
+				}
 			}
 		})
 	}
@@ -329,6 +346,7 @@ func TestLimitsStatsPauseUpdate(t *testing.T) {
 			if m.CPU.UsageUsec == 0 || m.Memory.Usage == 0 || m.Pids.Current == 0 {
 				t.Fatalf("metrics show no CPU, memory or pids: %+v", m)
 			}
+			t.Logf("metrics: cpu %d usec, memory %d of %d bytes, %d pids", m.CPU.UsageUsec, m.Memory.Usage, m.Memory.UsageLimit, m.Pids.Current)
 			if m.Memory.UsageLimit != limit {
 				t.Errorf("memory.usage_limit = %d, want the --memory-limit %d", m.Memory.UsageLimit, limit)
 			}
@@ -341,7 +359,9 @@ func TestLimitsStatsPauseUpdate(t *testing.T) {
 			}
 			frozen := ce.metrics(ctx, t, id).CPU.UsageUsec
 			time.Sleep(3 * time.Second)
-			if still := ce.metrics(ctx, t, id).CPU.UsageUsec; still != frozen {
+			still := ce.metrics(ctx, t, id).CPU.UsageUsec
+			t.Logf("paused: cpu %d usec, 3 s later %d usec", frozen, still)
+			if still != frozen {
 				t.Errorf("CPU time went on while paused: %d -> %d usec", frozen, still)
 			}
 			if r := ce.ctr(ctx, "tasks", "resume", id); r.code != 0 {
@@ -352,7 +372,9 @@ func TestLimitsStatsPauseUpdate(t *testing.T) {
 			}
 			before := ce.ticks(ctx, t, id, "t1")
 			time.Sleep(2 * time.Second)
-			if after := ce.ticks(ctx, t, id, "t2"); after <= before {
+			after := ce.ticks(ctx, t, id, "t2")
+			t.Logf("resumed: %d ticks, 2 s later %d", before, after)
+			if after <= before {
 				t.Errorf("the process did not go on after resume: %d ticks, then %d", before, after)
 			}
 			if m2 := ce.metrics(ctx, t, id); m2.CPU.UsageUsec <= frozen {
@@ -391,4 +413,3 @@ func (ce *containerdEnv) ticks(ctx context.Context, t *testing.T, id, execID str
 	}
 	return n
 }
-
