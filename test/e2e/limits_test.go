@@ -413,3 +413,51 @@ func (ce *containerdEnv) ticks(ctx context.Context, t *testing.T, id, execID str
 	}
 	return n
 }
+
+// TestLimitsStaticSizing: with static_sandbox_resource_mgmt the VM boots
+// with default_vcpus and default_memory plus the workload's limits, from a
+// lone container's resources or from CRI's sandbox annotations.
+func TestLimitsStaticSizing(t *testing.T) {
+	ce := newContainerdEnvFor(t, func() *env {
+		return newEnv(t, "enable_annotations = [\"shared_fs\"]\n[runtime]\nstatic_sandbox_resource_mgmt = true\n")
+	})
+	probe := func(t *testing.T, id string, extra ...string) (memKiB, cpus int) {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		defer cancel()
+		args := append([]string{"--rm", "--annotation", "io.katacontainers.config.hypervisor.shared_fs=imagefs-blk"}, extra...)
+		r := ce.ctr(ctx, ce.runArgs(append(args, ce.image, id, "/bin/sh", "-c", "grep MemTotal /proc/meminfo; grep -c ^processor /proc/cpuinfo")...)...)
+		f := strings.Fields(r.stdout)
+		if r.code != 0 || len(f) != 4 {
+			t.Fatalf("ctr run: exit %d %q %q", r.code, r.stdout, r.stderr)
+		}
+		memKiB, err1 := strconv.Atoi(f[1])
+		cpus, err2 := strconv.Atoi(f[3])
+		if err1 != nil || err2 != nil {
+			t.Fatalf("guest says %q", r.stdout)
+		}
+		t.Logf("%s: MemTotal %d kB, %d CPUs", id, memKiB, cpus)
+		return memKiB, cpus
+	}
+	baseMem, baseCPUs := probe(t, "size-base")
+	for _, tc := range []struct {
+		name  string
+		extra []string
+	}{
+		{"container", []string{"--memory-limit", strconv.Itoa(256 << 20), "--cpu-quota", "100000", "--cpu-period", "100000"}},
+		{"cri-annotations", []string{"--annotation", "io.kubernetes.cri.container-type=sandbox",
+			"--annotation", "io.kubernetes.cri.sandbox-memory=" + strconv.Itoa(256<<20),
+			"--annotation", "io.kubernetes.cri.sandbox-cpu-quota=100000",
+			"--annotation", "io.kubernetes.cri.sandbox-cpu-period=100000"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mem, cpus := probe(t, "size-"+tc.name, tc.extra...)
+			// 256 MiB more RAM, less what the kernel keeps of it (struct pages).
+			if grew := mem - baseMem; grew < 240<<10 || grew > 256<<10 {
+				t.Errorf("MemTotal grew by %d kB, want about 256 MiB", grew)
+			}
+			if cpus != baseCPUs+1 {
+				t.Errorf("%d CPUs, want %d (one more for a quota of one CPU)", cpus, baseCPUs+1)
+			}
+		})
+	}
+}
