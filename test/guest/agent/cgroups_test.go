@@ -85,7 +85,7 @@ func TestProcessPrivileges(t *testing.T) {
 		NoNewPrivileges: true,
 		Capabilities:    &pb.LinuxCapabilities{Bounding: []string{"CAP_CHOWN", "CAP_KILL"}, Effective: []string{"cap_kill"}},
 		Rlimits:         []*pb.POSIXRlimit{{Type: "RLIMIT_NOFILE", Soft: 1024, Hard: 4096}},
-	})
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestProcessPrivileges(t *testing.T) {
 		t.Errorf("rlimits: %+v", p.Rlimits)
 	}
 	// No capabilities in the spec: the process keeps the agent's.
-	if p, _ := processPrivileges(&pb.Process{}); p.Caps != nil {
+	if p, _ := processPrivileges(&pb.Process{}, nil); p.Caps != nil {
 		t.Errorf("caps without a spec: %+v", p.Caps)
 	}
 	for _, bad := range []*pb.Process{
@@ -107,7 +107,7 @@ func TestProcessPrivileges(t *testing.T) {
 		{Rlimits: []*pb.POSIXRlimit{{Type: "RLIMIT_BOGUS"}}},
 		{Rlimits: []*pb.POSIXRlimit{{Type: "RLIMIT_NOFILE", Soft: 2, Hard: 1}}},
 	} {
-		if _, err := processPrivileges(bad); err == nil {
+		if _, err := processPrivileges(bad, nil); err == nil {
 			t.Errorf("%v accepted", bad)
 		}
 	}

@@ -34,6 +34,8 @@ type privileges struct {
 	Caps       *capSets `json:"caps,omitempty"`
 	Rlimits    []rlimit `json:"rlimits,omitempty"`
 	NoNewPrivs bool     `json:"noNewPrivs"`
+	// Seccomp is the container's profile, compiled; nil without one.
+	Seccomp *seccompProgram `json:"seccomp,omitempty"`
 }
 
 // capSets are capability bit masks.
@@ -107,10 +109,16 @@ func capMask(names []string, last int, set string) (uint64, error) {
 }
 
 // processPrivileges resolves an OCI process's user, capabilities,
-// rlimits and no_new_privs; a bad name is an InvalidArgument naming it.
-func processPrivileges(p *pb.Process) (privileges, error) {
+// rlimits and no_new_privs, and compiles the container's seccomp profile;
+// a bad name is an InvalidArgument naming it.
+func processPrivileges(p *pb.Process, sc *pb.LinuxSeccomp) (privileges, error) {
 	u := p.GetUser()
 	out := privileges{UID: u.GetUID(), GID: u.GetGID(), Groups: u.GetAdditionalGids(), NoNewPrivs: p.GetNoNewPrivileges()}
+	prog, _, err := compileSeccomp(sc)
+	if err != nil {
+		return out, err
+	}
+	out.Seccomp = prog
 	if c := p.GetCapabilities(); c != nil {
 		last := lastCap()
 		var cs capSets
@@ -159,9 +167,17 @@ func applyRlimits(rls []rlimit) error {
 // applyPrivileges drops to the process's credentials in runc's order:
 // bounding set, then user and groups (keeping the permitted set across
 // setuid), then the effective, permitted, inheritable and ambient sets,
-// then no_new_privs. Capability state is per thread: the caller has locked
-// its OS thread and execs from it.
+// then no_new_privs and the seccomp filter. Without no_new_privs the
+// filter is loaded first instead, while the helper still has CAP_SYS_ADMIN
+// (as runc does), so the profile must allow what follows (setuid, capset,
+// prctl: Docker's and containerd's defaults do). Capability and seccomp
+// state is per thread: the caller has locked its OS thread and execs from it.
 func applyPrivileges(p privileges) error {
+	if !p.NoNewPrivs {
+		if err := loadSeccomp(p.Seccomp); err != nil {
+			return err
+		}
+	}
 	if p.Caps != nil {
 		last := lastCap()
 		for c := 0; c <= last; c++ {
@@ -211,6 +227,9 @@ func applyPrivileges(p privileges) error {
 	if p.NoNewPrivs {
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 			return fmt.Errorf("prctl no_new_privs: %w", err)
+		}
+		if err := loadSeccomp(p.Seccomp); err != nil {
+			return err
 		}
 	}
 	return nil
