@@ -34,7 +34,8 @@ func agentRlimits(rs []specs.POSIXRlimit) []*pb.POSIXRlimit {
 
 // AgentResources converts OCI linux resources into the agent's, for
 // CreateContainer and UpdateContainer. Block I/O, hugepage, network and
-// RDMA limits have no field in Kata's LinuxResources message and are not sent.
+// RDMA limits have no field in Kata's LinuxResources message and are not
+// sent; neither are the deprecated kernel memory limits.
 func AgentResources(r *specs.LinuxResources) *pb.LinuxResources {
 	if r == nil {
 		return nil
@@ -46,9 +47,10 @@ func AgentResources(r *specs.LinuxResources) *pb.LinuxResources {
 		})
 	}
 	if m := r.Memory; m != nil {
+		// kernel and kernelTCP are deprecated in OCI and have no cgroup v2
+		// file: they are not sent.
 		out.Memory = &pb.LinuxMemory{
 			Limit: derefInt64(m.Limit), Reservation: derefInt64(m.Reservation), Swap: derefInt64(m.Swap),
-			Kernel: derefInt64(m.Kernel), KernelTCP: derefInt64(m.KernelTCP),
 		}
 		if m.Swappiness != nil {
 			out.Memory.Swappiness = *m.Swappiness

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/anypb"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // limitBackends are the backends the limits tests run on: the limits live
@@ -509,5 +510,111 @@ func TestLimitsSeccomp(t *testing.T) {
 	}
 	if !strings.Contains(r.stderr, "Operation not supported") || !strings.Contains(r.stderr, "Operation not permitted") {
 		t.Errorf("stderr lacks the profile's errnos (EOPNOTSUPP for mkdir, EPERM for kill): %q", r.stderr)
+	}
+}
+
+// criValue reads a CRI UInt64Value as crictl prints it in JSON (a string
+// or a number).
+func criValue(v any) uint64 {
+	m, _ := v.(map[string]any)
+	switch x := m["value"].(type) {
+	case string:
+		n, _ := strconv.ParseUint(x, 10, 64)
+		return n
+	case float64:
+		return uint64(x)
+	}
+	return 0
+}
+
+// TestLimitsCRI: through containerd's CRI, a container with a 64 MiB limit
+// that allocates 400 MB is OOM-killed and `crictl inspect` reports
+// OOMKilled; `crictl stats` shows a running container's CPU and memory.
+func TestLimitsCRI(t *testing.T) {
+	c := newCRIEnv(t)
+	crictl(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	pcfg := c.podConfig("pod-limits", "imagefs-blk")
+	if err := os.MkdirAll(pcfg.LogDirectory, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pr, err := c.rt.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: pcfg, RuntimeHandler: criRuntime})
+	if err != nil {
+		t.Fatalf("RunPodSandbox: %v", err)
+	}
+	if err := c.trackShim(pr.PodSandboxId); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		c.rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: pr.PodSandboxId})
+		c.rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: pr.PodSandboxId})
+	}()
+	start := func(name string, mem int64, cmd ...string) string {
+		t.Helper()
+		cfg := &runtimeapi.ContainerConfig{
+			Metadata: &runtimeapi.ContainerMetadata{Name: name},
+			Image:    &runtimeapi.ImageSpec{Image: criBusyboxImage},
+			Command:  cmd,
+			LogPath:  name + ".log",
+			Linux: &runtimeapi.LinuxContainerConfig{
+				Resources:       &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: mem},
+				SecurityContext: &runtimeapi.LinuxContainerSecurityContext{NamespaceOptions: hostNetwork()},
+			},
+		}
+		cr, err := c.rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: pr.PodSandboxId, Config: cfg, SandboxConfig: pcfg})
+		if err != nil {
+			t.Fatalf("CreateContainer %s: %v", name, err)
+		}
+		if _, err := c.rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: cr.ContainerId}); err != nil {
+			t.Fatalf("StartContainer %s: %v", name, err)
+		}
+		return cr.ContainerId
+	}
+
+	hog := start("hog", 64<<20, "dd", "if=/dev/zero", "of=/dev/null", "bs=400M", "count=1")
+	var st *runtimeapi.ContainerStatus
+	for {
+		r, err := c.rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: hog})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st = r.Status; st.State == runtimeapi.ContainerState_CONTAINER_EXITED {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("hog never exited: %v", st)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("hog: exit %d reason %q", st.ExitCode, st.Reason)
+	if st.ExitCode != 137 || st.Reason != "OOMKilled" {
+		t.Errorf("hog exited %d reason %q, want 137 OOMKilled", st.ExitCode, st.Reason)
+	}
+	if out, err := c.crictlRun(ctx, t, "inspect", hog); err != nil || !strings.Contains(out, `"reason": "OOMKilled"`) {
+		t.Errorf("crictl inspect: %v\n%s", err, out)
+	}
+
+	work := start("work", 0, "sh", "-c", "while :; do echo x > /dev/null; sleep 0.1; done")
+	time.Sleep(2 * time.Second)
+	out, err := c.crictlRun(ctx, t, "stats", "-o", "json", work)
+	if err != nil {
+		t.Fatalf("crictl stats: %v\n%s", err, out)
+	}
+	var stats struct {
+		Stats []struct {
+			CPU    map[string]any `json:"cpu"`
+			Memory map[string]any `json:"memory"`
+		} `json:"stats"`
+	}
+	// crictl's warnings (no /etc/crictl.yaml) share the output.
+	jsonOut := out[max(strings.Index(out, "{"), 0):]
+	if err := json.Unmarshal([]byte(jsonOut), &stats); err != nil || len(stats.Stats) != 1 {
+		t.Fatalf("crictl stats: %v\n%s", err, out)
+	}
+	cpu, mem := criValue(stats.Stats[0].CPU["usageCoreNanoSeconds"]), criValue(stats.Stats[0].Memory["workingSetBytes"])
+	t.Logf("crictl stats: cpu %d ns, working set %d bytes", cpu, mem)
+	if cpu == 0 || mem == 0 {
+		t.Errorf("crictl stats shows no CPU or memory:\n%s", out)
 	}
 }
