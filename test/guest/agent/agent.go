@@ -563,6 +563,9 @@ func joinAndStart(pid int, cmd *exec.Cmd, xc *execConfig) error {
 		return err
 	}
 	xc.Path = path
+	if _, err := os.Stat("/proc/self/exe"); err != nil {
+		return fmt.Errorf("the exec helper starts through the container's /proc, which it lacks: %w", err)
+	}
 	blob, err := json.Marshal(xc)
 	if err != nil {
 		return err

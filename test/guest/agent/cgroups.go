@@ -330,23 +330,31 @@ func (cs *cgroups) remove(cg *containerCgroup) {
 	cs.removeDirs(cg)
 }
 
-// removeDirs removes the directories made for cg, leaf first; a cgroup
-// still holding a process (EBUSY) is logged and left.
+// removeDirs removes the container's cgroup, then its parents up to the
+// root while they are empty (a parent another container still uses stays).
+// A cgroup still holding a process is logged and left.
 func (cs *cgroups) removeDirs(cg *containerCgroup) {
-	for i := len(cg.created) - 1; i >= 0; i-- {
-		err := unix.Rmdir(cg.created[i])
-		for try := 0; errors.Is(err, unix.EBUSY) && try < 50; try++ {
-			// The last killed process leaves its cgroup a little after
-			// it has been reaped.
-			time.Sleep(20 * time.Millisecond)
-			err = unix.Rmdir(cg.created[i])
-		}
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			log.Printf("container %s: remove cgroup %s: %v", cg.id, cg.created[i], err)
+	if len(cg.created) == 0 {
+		return
+	}
+	leaf := cg.created[len(cg.created)-1]
+	err := unix.Rmdir(leaf)
+	for try := 0; errors.Is(err, unix.EBUSY) && try < 50; try++ {
+		// The last killed process leaves its cgroup a little after it
+		// has been reaped.
+		time.Sleep(20 * time.Millisecond)
+		err = unix.Rmdir(leaf)
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		log.Printf("container %s: remove cgroup %s: %v", cg.id, leaf, err)
+		return
+	}
+	cg.created = nil
+	for dir := filepath.Dir(leaf); dir != cgroupRoot && strings.HasPrefix(dir, cgroupRoot+"/"); dir = filepath.Dir(dir) {
+		if unix.Rmdir(dir) != nil {
 			return
 		}
 	}
-	cg.created = nil
 }
 
 // watchOOM turns memory.events changes into OOM events for the host.
