@@ -117,6 +117,9 @@ type Runtime struct {
 	// memory limits (CRI's sandbox annotations, or a lone container's
 	// cgroup resources).
 	StaticSandboxResourceMgmt bool `toml:"static_sandbox_resource_mgmt"`
+	// DisableGuestSeccomp keeps the containers' seccomp profiles out of
+	// the guest, as Kata does (its shipped file sets it; absent means false).
+	DisableGuestSeccomp bool `toml:"disable_guest_seccomp"`
 }
 
 // ImagefsBlk is the [kata_fsx.imagefs_blk] table: the in-process block backend.

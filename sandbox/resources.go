@@ -35,7 +35,8 @@ func agentRlimits(rs []specs.POSIXRlimit) []*pb.POSIXRlimit {
 // AgentResources converts OCI linux resources into the agent's, for
 // CreateContainer and UpdateContainer. Block I/O, hugepage, network and
 // RDMA limits have no field in Kata's LinuxResources message and are not
-// sent; neither are the deprecated kernel memory limits.
+// sent; neither are the deprecated kernel memory limits nor the host's
+// cpuset.
 func AgentResources(r *specs.LinuxResources) *pb.LinuxResources {
 	if r == nil {
 		return nil
@@ -60,10 +61,9 @@ func AgentResources(r *specs.LinuxResources) *pb.LinuxResources {
 		}
 	}
 	if c := r.CPU; c != nil {
-		out.CPU = &pb.LinuxCPU{
-			Quota: derefInt64(c.Quota), RealtimeRuntime: derefInt64(c.RealtimeRuntime),
-			Cpus: c.Cpus, Mems: c.Mems,
-		}
+		// cpus and mems name host CPUs and NUMA nodes, which the guest's
+		// vCPUs and single node are not: Kata clears them too.
+		out.CPU = &pb.LinuxCPU{Quota: derefInt64(c.Quota), RealtimeRuntime: derefInt64(c.RealtimeRuntime)}
 		if c.Shares != nil {
 			out.CPU.Shares = *c.Shares
 		}

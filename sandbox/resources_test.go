@@ -47,7 +47,7 @@ func TestAgentSpecCarriesLimits(t *testing.T) {
 	l := out.Linux
 	r := l.Resources
 	if l.CgroupsPath != "/default/c1" || r.Memory.Limit != 64<<20 || r.Memory.Reservation != 32<<20 || r.Memory.Swap != 128<<20 ||
-		r.CPU.Shares != 512 || r.CPU.Quota != 50000 || r.CPU.Period != 100000 || r.CPU.Cpus != "0" || r.CPU.Mems != "0" || r.Pids.Limit != 42 {
+		r.CPU.Shares != 512 || r.CPU.Quota != 50000 || r.CPU.Period != 100000 || r.CPU.Cpus != "" || r.CPU.Mems != "" || r.Pids.Limit != 42 {
 		t.Errorf("resources: %v (cgroups path %q)", r, l.CgroupsPath)
 	}
 	sc := l.Seccomp

@@ -534,6 +534,10 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 	if err != nil {
 		return fmt.Errorf("container %s: %w", c.ID, err)
 	}
+	if spec.Linux != nil && s.Decision.Config.Runtime.DisableGuestSeccomp {
+		// Kata's disable_guest_seccomp: the profile stays on the host.
+		spec.Linux.Seccomp = nil
+	}
 	var storages []*pb.Storage
 	switch s.Decision.Backend {
 	case config.SharedFSImagefsBlk:

@@ -511,6 +511,18 @@ func TestLimitsSeccomp(t *testing.T) {
 	if !strings.Contains(r.stderr, "Operation not supported") || !strings.Contains(r.stderr, "Operation not permitted") {
 		t.Errorf("stderr lacks the profile's errnos (EOPNOTSUPP for mkdir, EPERM for kill): %q", r.stderr)
 	}
+	// Kata's disable_guest_seccomp keeps the profile on the host.
+	t.Run("disable_guest_seccomp", func(t *testing.T) {
+		off := newContainerdEnvFor(t, func() *env {
+			return newEnv(t, "enable_annotations = [\"shared_fs\"]\n[runtime]\ndisable_guest_seccomp = true\n")
+		})
+		r := off.ctr(ctx, off.runArgs("--rm", "--seccomp", "--seccomp-profile", profile,
+			"--annotation", "io.katacontainers.config.hypervisor.shared_fs=imagefs-blk", off.image, "sc-off",
+			"/bin/sh", "-c", "grep ^Seccomp: /proc/self/status; mkdir /tmp/allowed && echo mkdir-ok")...)
+		if r.code != 0 || !strings.Contains(r.stdout, "Seccomp:\t0") || !strings.Contains(r.stdout, "mkdir-ok") {
+			t.Errorf("with disable_guest_seccomp: exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+		}
+	})
 }
 
 // criValue reads a CRI UInt64Value as crictl prints it in JSON (a string
