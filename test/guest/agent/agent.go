@@ -563,8 +563,11 @@ func joinAndStart(pid int, cmd *exec.Cmd, xc *execConfig) error {
 		return err
 	}
 	xc.Path = path
-	if _, err := os.Stat("/proc/self/exe"); err != nil {
-		return fmt.Errorf("the exec helper starts through the container's /proc, which it lacks: %w", err)
+	// The child resolves /proc/self/exe in the container's procfs (this
+	// thread's /proc/self is not in it: it has not joined the PID namespace).
+	var st unix.Statfs_t
+	if err := unix.Statfs("/proc", &st); err != nil || st.Type != unix.PROC_SUPER_MAGIC {
+		return fmt.Errorf("the exec helper starts through the container's /proc/self/exe, and the container has no procfs on /proc (%v)", err)
 	}
 	blob, err := json.Marshal(xc)
 	if err != nil {
