@@ -311,7 +311,7 @@ func (a *agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 		Args:     proc.GetArgs(),
 		Env:      proc.GetEnv(),
 		Cwd:      proc.GetCwd(),
-
+		// The user, capabilities, rlimits, no_new_privs and seccomp filter.
 		Privileges: priv,
 	}
 	for _, m := range c.spec.GetMounts() {
