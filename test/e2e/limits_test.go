@@ -280,7 +280,9 @@ type taskMetrics struct {
 		Current uint64 `json:"current"`
 	} `json:"pids"`
 	CPU struct {
-		UsageUsec uint64 `json:"usage_usec"`
+		UsageUsec   uint64 `json:"usage_usec"`
+		NrPeriods   uint64 `json:"nr_periods"`
+		NrThrottled uint64 `json:"nr_throttled"`
 	} `json:"cpu"`
 	Memory struct {
 		Usage      uint64 `json:"usage"`
@@ -324,8 +326,8 @@ func (ce *containerdEnv) updateMemory(ctx context.Context, t *testing.T, id stri
 
 // TestLimitsStatsPauseUpdate: ctr task metrics shows the container's real
 // CPU and memory; pause freezes it (PAUSED, its CPU time stands still) and
-// resume lets it go on; a memory update changes the limit the guest
-// enforces.
+// resume lets it go on; a CPU quota throttles it; a memory update changes
+// the limit the guest enforces.
 func TestLimitsStatsPauseUpdate(t *testing.T) {
 	ce := newContainerdEnv(t)
 	for _, backend := range limitBackends {
@@ -334,8 +336,9 @@ func TestLimitsStatsPauseUpdate(t *testing.T) {
 			defer cancel()
 			id := "stats-" + strings.ReplaceAll(backend, "-", "")
 			const limit = 128 << 20
-			// A process that keeps working: it forks a sleep ten times a second.
-			if r := ce.ctr(ctx, ce.runArgs("-d", "--memory-limit", strconv.Itoa(limit),
+			// A process that keeps working: it forks a sleep ten times a
+			// second, within half a CPU.
+			if r := ce.ctr(ctx, ce.runArgs("-d", "--memory-limit", strconv.Itoa(limit), "--cpu-quota", "50000", "--cpu-period", "100000",
 				"--annotation", "io.katacontainers.config.hypervisor.shared_fs="+backend,
 				ce.image, id, "/bin/sh", "-c", "while :; do echo x >> /tmp/ticks; sleep 0.1; done")...); r.code != 0 {
 				t.Fatalf("ctr run -d: exit %d\n%s%s", r.code, r.stdout, r.stderr)
@@ -384,7 +387,19 @@ func TestLimitsStatsPauseUpdate(t *testing.T) {
 				t.Errorf("CPU time did not go on after resume: %d -> %d usec", frozen, m2.CPU.UsageUsec)
 			}
 
+			// Half a CPU: a busy loop is throttled (cpu.max), which the
+			// guest's cpu.stat counts.
+			if r := ce.ctr(ctx, "tasks", "exec", "--exec-id", "busy", id, "/bin/sh", "-c", "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"); r.code != 0 {
+				t.Fatalf("busy loop: exit %d %q", r.code, r.stderr)
+			}
+			m = ce.metrics(ctx, t, id)
+			t.Logf("cpu.max 50000 100000: %d periods, %d throttled", m.CPU.NrPeriods, m.CPU.NrThrottled)
+			if m.CPU.NrPeriods == 0 || m.CPU.NrThrottled == 0 {
+				t.Errorf("no CPU bandwidth periods or throttling under a half-CPU quota: %+v", m.CPU)
+			}
 			// 48M fits the 128M limit; after an update to 32M it does not.
+			// Last: a second OOM kill may take the container's init too,
+			// while the first victim's memory is still being freed.
 			alloc := []string{"/bin/sh", "-c", "dd if=/dev/zero of=/dev/null bs=48M count=1 && echo allocated"}
 			if r := ce.ctr(ctx, append([]string{"tasks", "exec", "--exec-id", "a1", id}, alloc...)...); r.code != 0 || !strings.Contains(r.stdout, "allocated") {
 				t.Fatalf("48M under the 128M limit: exit %d %q %q", r.code, r.stdout, r.stderr)
