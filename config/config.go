@@ -70,36 +70,37 @@ type QEMU struct {
 	DefaultVCPUsRequested float32 `toml:"default_vcpus"`
 	// DefaultVCPUs is the vCPU count the VM gets: LoadFile resolves it from
 	// DefaultVCPUsRequested by Kata's rule, rounding fractions up.
-	DefaultVCPUs             int32    `toml:"-"`
-	DefaultMemory            uint32   `toml:"default_memory"`
-	EnableHugepages          bool     `toml:"enable_hugepages"`
-	FileMemBackend           string   `toml:"file_mem_backend"`
-	EnableAnnotations        []string `toml:"enable_annotations"`
-	SharedFS                 string   `toml:"shared_fs"`
-	VirtioFSDaemon           string   `toml:"virtio_fs_daemon"`
-	ValidVirtioFSDaemonPaths []string `toml:"valid_virtio_fs_daemon_paths"`
-	VirtioFSCacheSize        uint32   `toml:"virtio_fs_cache_size"`
-	VirtioFSQueueSize        uint32   `toml:"virtio_fs_queue_size"`
-	VirtioFSExtraArgs        []string `toml:"virtio_fs_extra_args"`
-	VirtioFSCache            string   `toml:"virtio_fs_cache"`
-	Msize9p                  uint32   `toml:"msize_9p"`
-	BlockDeviceDriver        string   `toml:"block_device_driver"`
-	DisableBlockDeviceUse    bool     `toml:"disable_block_device_use"`
-	BlockDeviceCacheDirect   bool     `toml:"block_device_cache_direct"`
-	BlockDeviceAIO           string   `toml:"block_device_aio"`
-	EnableVhostUserStore     bool     `toml:"enable_vhost_user_store"`
-	VhostUserStorePath       string   `toml:"vhost_user_store_path"`
-	EnableDebug              bool     `toml:"enable_debug"`
-	ValidHypervisorPaths     []string `toml:"valid_hypervisor_paths"`
-	DisableVhostNet          bool     `toml:"disable_vhost_net"`
-	EntropySource            string   `toml:"entropy_source"`
-	DefaultBridges           uint32   `toml:"default_bridges"`
-	MemorySlots              uint32   `toml:"memory_slots"`
-	ValidVhostUserStorePaths []string `toml:"valid_vhost_user_store_paths"`
-	ValidFileMemBackends     []string `toml:"valid_file_mem_backends"`
-	ValidEntropySources      []string `toml:"valid_entropy_sources"`
-	DefaultMaxVCPUs          uint32   `toml:"default_maxvcpus"`
-	DisableImageNvdimm       bool     `toml:"disable_image_nvdimm"`
+	DefaultVCPUs              int32    `toml:"-"`
+	DefaultMemory             uint32   `toml:"default_memory"`
+	EnableHugepages           bool     `toml:"enable_hugepages"`
+	FileMemBackend            string   `toml:"file_mem_backend"`
+	EnableAnnotations         []string `toml:"enable_annotations"`
+	SharedFS                  string   `toml:"shared_fs"`
+	VirtioFSDaemon            string   `toml:"virtio_fs_daemon"`
+	ValidVirtioFSDaemonPaths  []string `toml:"valid_virtio_fs_daemon_paths"`
+	VirtioFSCacheSize         uint32   `toml:"virtio_fs_cache_size"`
+	VirtioFSQueueSize         uint32   `toml:"virtio_fs_queue_size"`
+	VirtioFSExtraArgs         []string `toml:"virtio_fs_extra_args"`
+	VirtioFSCache             string   `toml:"virtio_fs_cache"`
+	Msize9p                   uint32   `toml:"msize_9p"`
+	BlockDeviceDriver         string   `toml:"block_device_driver"`
+	DisableBlockDeviceUse     bool     `toml:"disable_block_device_use"`
+	BlockDeviceCacheDirect    bool     `toml:"block_device_cache_direct"`
+	BlockDeviceAIO            string   `toml:"block_device_aio"`
+	EnableVhostUserStore      bool     `toml:"enable_vhost_user_store"`
+	VhostUserStorePath        string   `toml:"vhost_user_store_path"`
+	EnableDebug               bool     `toml:"enable_debug"`
+	ValidHypervisorPaths      []string `toml:"valid_hypervisor_paths"`
+	DisableVhostNet           bool     `toml:"disable_vhost_net"`
+	EntropySource             string   `toml:"entropy_source"`
+	DefaultBridges            uint32   `toml:"default_bridges"`
+	MemorySlots               uint32   `toml:"memory_slots"`
+	ValidVhostUserStorePaths  []string `toml:"valid_vhost_user_store_paths"`
+	ValidFileMemBackends      []string `toml:"valid_file_mem_backends"`
+	ValidEntropySources       []string `toml:"valid_entropy_sources"`
+	DefaultMaxVCPUs           uint32   `toml:"default_maxvcpus"`
+	DisableImageNvdimm        bool     `toml:"disable_image_nvdimm"`
+	StaticSandboxResourceMgmt bool     `toml:"static_sandbox_resource_mgmt"`
 }
 
 // Agent is Kata's [agent.kata] table.
