@@ -117,6 +117,14 @@ type Runtime struct {
 	// InterNetworkingModel is how the pod's network namespace reaches the
 	// VM: "tcfilter" (Kata's default) or "none" (no NIC).
 	InterNetworkingModel string `toml:"internetworking_model"`
+	// StaticSandboxResourceMgmt sizes the VM at boot for its workload, as
+	// Kata does: default_vcpus and default_memory plus the pod's CPU and
+	// memory limits (CRI's sandbox annotations, or a lone container's
+	// cgroup resources).
+	StaticSandboxResourceMgmt bool `toml:"static_sandbox_resource_mgmt"`
+	// DisableGuestSeccomp keeps the containers' seccomp profiles out of
+	// the guest, as Kata does (its shipped file sets it; absent means false).
+	DisableGuestSeccomp bool `toml:"disable_guest_seccomp"`
 }
 
 // ImagefsBlk is the [kata_fsx.imagefs_blk] table: the in-process block backend.

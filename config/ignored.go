@@ -86,7 +86,6 @@ var kataIgnored = []struct{ key, inert, reason string }{
 	{"runtime.disable_new_netns", `false`, "QEMU stays in the shim's network namespace and gets the pod's taps as fds; for no NIC set internetworking_model = \"none\""},
 	{"runtime.enable_vcpus_pinning", `false`, "vCPUs are not pinned"},
 	{"runtime.guest_selinux_label", `""`, "guest SELinux is never enabled"},
-	{"runtime.static_sandbox_resource_mgmt", `false`, "the VM is sized by default_vcpus and default_memory only"},
 	{"runtime.sandbox_bind_mounts", `[]`, "no bind mounts are shared into the guest"},
 	{"runtime.vfio_mode", `"guest-kernel"`, "no VFIO devices"},
 	{"runtime.emptydir_mode", `"shared-fs"`, "emptyDir volumes are host directories like any other"},

@@ -199,3 +199,26 @@ func TestImageKeysRead(t *testing.T) {
 		t.Fatalf("rootfs_type erofs: %v", c.Ignored)
 	}
 }
+
+// TestStaticSandboxResourceMgmt: Kata's [runtime] key is read and honoured,
+// so setting it reports nothing as ignored.
+func TestStaticSandboxResourceMgmt(t *testing.T) {
+	dir := t.TempDir()
+	c, err := LoadFile(writeFile(t, filepath.Join(dir, "configuration.toml"), "[hypervisor.qemu]\n[runtime]\nstatic_sandbox_resource_mgmt = true\n", 0o644))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Runtime.StaticSandboxResourceMgmt {
+		t.Error("static_sandbox_resource_mgmt = true not read")
+	}
+	if c.Runtime.DisableGuestSeccomp {
+		t.Error("disable_guest_seccomp absent but read as true")
+	}
+	if len(c.Ignored) != 0 {
+		t.Errorf("reported as ignored: %v", c.Ignored)
+	}
+	c, err = LoadFile(writeFile(t, filepath.Join(dir, "off.toml"), "[hypervisor.qemu]\n[runtime]\nenable_debug = true\ndisable_guest_seccomp = true\n", 0o644))
+	if err != nil || c.Runtime.StaticSandboxResourceMgmt || !c.Runtime.DisableGuestSeccomp {
+		t.Errorf("absent static key, disable_guest_seccomp = true: %v %v %v", c.Runtime.StaticSandboxResourceMgmt, c.Runtime.DisableGuestSeccomp, err)
+	}
+}

@@ -42,6 +42,9 @@ type Spec struct {
 	Rootfs      config.Rootfs
 	HostVolumes []string
 	Hostname    string
+	// Resources are the first container's cgroup resources: they size a
+	// lone container's VM under static_sandbox_resource_mgmt.
+	Resources *specs.LinuxResources
 	// Backend, when set, overrides the policy (kata-fsx run --backend).
 	Backend string
 	// RootfsIndex, when set, is the first container's rootfs already
@@ -147,6 +150,15 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 		d.Backend, d.Reason = spec.Backend, "requested explicitly (--backend "+spec.Backend+")"
 	}
 	cfg := d.Config
+	if cfg.Runtime.StaticSandboxResourceMgmt {
+		sz, err := WorkloadSizing(spec.Annotations, spec.Resources)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s: static_sandbox_resource_mgmt: %w", spec.ID, err)
+		}
+		applySizing(cfg.QEMU(), sz)
+		log.G(ctx).WithField("sandbox", spec.ID).Infof("static_sandbox_resource_mgmt: %g vCPUs and %d MiB from %s: the VM gets %d vCPUs and %d MiB",
+			sz.CPUs, sz.MemoryMiB, sz.From, cfg.QEMU().DefaultVCPUs, cfg.QEMU().DefaultMemory)
+	}
 	s := newSandbox(ctx, spec.ID, d)
 	log.G(ctx).WithField("sandbox", spec.ID).Infof("backend %s: %s", d.Backend, d.Reason)
 	for _, k := range cfg.Ignored {
@@ -553,6 +565,10 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 	spec, err := agentSpec(c.OCI, "", readonly)
 	if err != nil {
 		return fmt.Errorf("container %s: %w", c.ID, err)
+	}
+	if spec.Linux != nil && s.Decision.Config.Runtime.DisableGuestSeccomp {
+		// Kata's disable_guest_seccomp: the profile stays on the host.
+		spec.Linux.Seccomp = nil
 	}
 	// Volumes are shared before the rootfs: a mount that cannot be
 	// honoured fails the container before a disk is built for it.

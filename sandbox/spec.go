@@ -30,8 +30,11 @@ func ProcessSpec(p *specs.Process) (*pb.Process, error) {
 
 // agentSpec converts an OCI runtime spec into the agent protocol's Spec,
 // with the root path replaced by where the rootfs is inside the guest.
-// Host-only parts (hooks, cgroup resources, seccomp) are dropped: the VM
-// boundary stands in for them. Mounts are guestMounts' part.
+// The process's capabilities, rlimits and no_new_privs, and the linux
+// cgroup resources, cgroups path and seccomp profile go to the agent, which
+// enforces them in the guest; host-only parts (hooks, cgroup mounts,
+// namespace paths) are dropped: the VM boundary stands in for them. Mounts
+// are guestMounts' part.
 func agentSpec(s *specs.Spec, guestRoot string, readonly bool) (*pb.Spec, error) {
 	if s == nil || s.Process == nil {
 		return nil, fmt.Errorf("OCI spec has no process")
@@ -55,6 +58,9 @@ func agentSpec(s *specs.Spec, guestRoot string, readonly bool) (*pb.Spec, error)
 			Env:             append([]string(nil), p.Env...),
 			Cwd:             p.Cwd,
 			NoNewPrivileges: p.NoNewPrivileges,
+			Capabilities:    agentCapabilities(p.Capabilities),
+			Rlimits:         agentRlimits(p.Rlimits),
+			OOMScoreAdj:     int64(derefInt(p.OOMScoreAdj)),
 		},
 		Annotations: map[string]string{},
 	}
@@ -73,6 +79,9 @@ func agentSpec(s *specs.Spec, guestRoot string, readonly bool) (*pb.Spec, error)
 			MaskedPaths:   append([]string(nil), s.Linux.MaskedPaths...),
 			ReadonlyPaths: append([]string(nil), s.Linux.ReadonlyPaths...),
 		}
+		out.Linux.CgroupsPath = s.Linux.CgroupsPath
+		out.Linux.Resources = AgentResources(s.Linux.Resources)
+		out.Linux.Seccomp = agentSeccomp(s.Linux.Seccomp)
 		for _, ns := range s.Linux.Namespaces {
 			// Namespace paths name host namespaces, meaningless in the guest.
 			out.Linux.Namespaces = append(out.Linux.Namespaces, &pb.LinuxNamespace{Type: string(ns.Type)})

@@ -74,6 +74,7 @@ type container struct {
 	init          *process
 	execs         map[string]*process
 	execSeq       uint64 // numbers exec processes so a reused exec id is new to the agent
+	paused        bool   // its cgroup in the guest is frozen (Pause); guarded by service.mu
 }
 
 type serviceOptions struct {
@@ -253,7 +254,11 @@ func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskReques
 		}
 	}()
 	hostname := spec.Hostname
-	sb, err := sandbox.New(sbCtx, sandbox.Spec{ID: r.ID, Config: cfg, Annotations: spec.Annotations, Rootfs: rootfs, Hostname: hostname, NetNSPath: netNSPath(spec)})
+	var res *specs.LinuxResources
+	if spec.Linux != nil {
+		res = spec.Linux.Resources
+	}
+	sb, err := sandbox.New(sbCtx, sandbox.Spec{ID: r.ID, Config: cfg, Annotations: spec.Annotations, Rootfs: rootfs, Hostname: hostname, Resources: res, NetNSPath: netNSPath(spec)})
 	close(booted)
 	if err != nil {
 		sbCancel()
@@ -272,6 +277,7 @@ func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskReques
 	s.sandbox, s.sbCancel = sb, sbCancel
 	s.mu.Unlock()
 	go s.watchSandbox(sb)
+	go s.forwardOOM(sb)
 	return sb, nil
 }
 
@@ -579,6 +585,9 @@ func (s *service) State(ctx context.Context, r *taskapi.StateRequest) (*taskapi.
 		resp.Status = tasktypes.Status_CREATED
 	case procRunning:
 		resp.Status = tasktypes.Status_RUNNING
+		if s.isPaused(c) {
+			resp.Status = tasktypes.Status_PAUSED
+		}
 	case procStopped:
 		resp.Status = tasktypes.Status_STOPPED
 		resp.ExitStatus = code
@@ -697,12 +706,26 @@ func (s *service) Wait(ctx context.Context, r *taskapi.WaitRequest) (*taskapi.Wa
 	return &taskapi.WaitResponse{ExitStatus: code, ExitedAt: timestamppb.New(at)}, nil
 }
 
-// Stats returns no metrics: the guest's cgroups are not exported yet.
+// Stats returns the container cgroup's metrics in the guest, as
+// containerd's cgroup v2 metrics.
 func (s *service) Stats(ctx context.Context, r *taskapi.StatsRequest) (*taskapi.StatsResponse, error) {
-	if _, _, err := s.lookup(r.ID, ""); err != nil {
+	c, _, err := s.lookup(r.ID, "")
+	if err != nil {
 		return nil, err
 	}
-	return &taskapi.StatsResponse{}, nil
+	sb, err := s.runningSandbox(c.id)
+	if err != nil {
+		return nil, err
+	}
+	st, err := sb.Agent().StatsContainer(ctx, c.id)
+	if err != nil {
+		return nil, toStatus(sb.Explain(err))
+	}
+	data, err := marshalMetrics(cgroupMetrics(st))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &taskapi.StatsResponse{Stats: data}, nil
 }
 
 // Connect tells containerd the shim's pid.
@@ -722,14 +745,15 @@ func (s *service) Shutdown(ctx context.Context, r *taskapi.ShutdownRequest) (*em
 	return &emptypb.Empty{}, nil
 }
 
-// Pause is not supported: the VM could be paused, but not one container.
+// Pause freezes the container's cgroup in the guest: one container of the
+// pod, as containerd means it, not the VM.
 func (s *service) Pause(ctx context.Context, r *taskapi.PauseRequest) (*emptypb.Empty, error) {
-	return nil, errUnimplemented("pause is not supported by kata-fsx")
+	return s.setPaused(ctx, r.ID, true)
 }
 
-// Resume is not supported, as Pause is not.
+// Resume thaws a paused container.
 func (s *service) Resume(ctx context.Context, r *taskapi.ResumeRequest) (*emptypb.Empty, error) {
-	return nil, errUnimplemented("resume is not supported by kata-fsx")
+	return s.setPaused(ctx, r.ID, false)
 }
 
 // Checkpoint is not supported.
@@ -737,9 +761,25 @@ func (s *service) Checkpoint(ctx context.Context, r *taskapi.CheckpointTaskReque
 	return nil, errUnimplemented("checkpoint is not supported by kata-fsx")
 }
 
-// Update is not supported: guest resources are fixed at boot.
+// Update rewrites the container's cgroup limits in the guest (the VM's
+// own size stays as booted).
 func (s *service) Update(ctx context.Context, r *taskapi.UpdateTaskRequest) (*emptypb.Empty, error) {
-	return nil, errUnimplemented("update is not supported by kata-fsx")
+	c, _, err := s.lookup(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	res, err := updateResources(r.Resources)
+	if err != nil {
+		return nil, errInvalid("update %s: %v", r.ID, err)
+	}
+	sb, err := s.runningSandbox(c.id)
+	if err != nil {
+		return nil, err
+	}
+	if err := sb.Agent().UpdateContainer(ctx, c.id, sandbox.AgentResources(res)); err != nil {
+		return nil, toStatus(sb.Explain(err))
+	}
+	return &emptypb.Empty{}, nil
 }
 
 // bundleRootfs is the host directory of a container's rootfs: where

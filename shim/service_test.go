@@ -17,6 +17,7 @@ import (
 	taskv3 "github.com/containerd/containerd/api/runtime/task/v3"
 	evttrpc "github.com/containerd/containerd/api/services/ttrpc/events/v1"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
+	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -237,8 +238,17 @@ func TestServiceRefusals(t *testing.T) {
 	if _, err := s.ResizePty(ctx, &taskapi.ResizePtyRequest{ID: "nope"}); code(err) != codes.NotFound {
 		t.Errorf("ResizePty of unknown task: %v", err)
 	}
-	if _, err := s.Pause(ctx, &taskapi.PauseRequest{ID: "c1"}); code(err) != codes.Unimplemented {
-		t.Errorf("Pause: %v", err)
+	if _, err := s.Pause(ctx, &taskapi.PauseRequest{ID: "c1"}); code(err) != codes.NotFound {
+		t.Errorf("Pause of unknown task: %v", err)
+	}
+	if _, err := s.Resume(ctx, &taskapi.ResumeRequest{ID: "c1"}); code(err) != codes.NotFound {
+		t.Errorf("Resume of unknown task: %v", err)
+	}
+	if _, err := s.Update(ctx, &taskapi.UpdateTaskRequest{ID: "c1"}); code(err) != codes.NotFound {
+		t.Errorf("Update of unknown task: %v", err)
+	}
+	if _, err := s.Stats(ctx, &taskapi.StatsRequest{ID: "c1"}); code(err) != codes.NotFound {
+		t.Errorf("Stats of unknown task: %v", err)
 	}
 	select {
 	case <-s.Done():
@@ -472,5 +482,41 @@ func TestBundleRootfs(t *testing.T) {
 		if got := bundleRootfs("/b", &specs.Spec{Root: tc.root}, tc.hasMounts); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
+	}
+}
+
+func TestPauseUpdateStatsRefusals(t *testing.T) {
+	s := newTestService(t)
+	ctx := context.Background()
+	code := func(err error) codes.Code { return status.Code(err) }
+	c := &container{id: "c1", execs: map[string]*process{}, init: newProcess("c1", "", "c1", stdio{})}
+	s.containers["c1"] = c
+	if _, err := s.Pause(ctx, &taskapi.PauseRequest{ID: "c1"}); code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "created state") {
+		t.Errorf("Pause of a created task: %v", err)
+	}
+	if err := c.init.setRunning(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Resume(ctx, &taskapi.ResumeRequest{ID: "c1"}); code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "running already") {
+		t.Errorf("Resume of a running task: %v", err)
+	}
+	if _, err := s.Pause(ctx, &taskapi.PauseRequest{ID: "c1"}); code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "no sandbox") {
+		t.Errorf("Pause without a sandbox: %v", err)
+	}
+	if _, err := s.Update(ctx, &taskapi.UpdateTaskRequest{ID: "c1"}); code(err) != codes.InvalidArgument {
+		t.Errorf("Update without resources: %v", err)
+	}
+	if _, err := s.Update(ctx, &taskapi.UpdateTaskRequest{ID: "c1", Resources: &anypb.Any{Value: []byte(`{"memory":`)}}); code(err) != codes.InvalidArgument {
+		t.Errorf("Update with broken resources: %v", err)
+	}
+	if _, err := s.Stats(ctx, &taskapi.StatsRequest{ID: "c1"}); code(err) != codes.FailedPrecondition {
+		t.Errorf("Stats without a sandbox: %v", err)
+	}
+	if st, err := s.State(ctx, &taskapi.StateRequest{ID: "c1"}); err != nil || st.Status != tasktypes.Status_RUNNING {
+		t.Errorf("State: %v %v", st, err)
+	}
+	c.paused = true
+	if st, err := s.State(ctx, &taskapi.StateRequest{ID: "c1"}); err != nil || st.Status != tasktypes.Status_PAUSED {
+		t.Errorf("State of a paused task: %v %v", st, err)
 	}
 }

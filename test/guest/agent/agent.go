@@ -39,6 +39,7 @@ type agent struct {
 	storages   []string // sandbox mount points, in mount order
 	mounts     storageSet
 	containers map[string]*container
+	cgroups    *cgroups
 	poweroff   chan struct{}
 	once       sync.Once
 
@@ -54,6 +55,7 @@ type container struct {
 	rootfs   string
 	storages []string
 	init     *process
+	cgroup   *containerCgroup
 	starting atomic.Bool
 	execs    map[string]*process
 }
@@ -76,7 +78,7 @@ type process struct {
 }
 
 func newAgent() *agent {
-	return &agent{containers: map[string]*container{}, poweroff: make(chan struct{}), modulesDone: make(chan struct{})}
+	return &agent{containers: map[string]*container{}, cgroups: newCgroups(), poweroff: make(chan struct{}), modulesDone: make(chan struct{})}
 }
 
 // waitModules waits for the storage modules, which load while the agent
@@ -184,6 +186,7 @@ func (a *agent) DestroySandbox(ctx context.Context, _ *pb.DestroySandboxRequest)
 	defer a.mu.Unlock()
 	for id, c := range a.containers {
 		c.killAll(ctx, 5*time.Second)
+		a.cgroups.remove(c.cgroup)
 		a.mounts.release(c.storages)
 		delete(a.containers, id)
 	}
@@ -239,6 +242,18 @@ func (a *agent) CreateContainer(ctx context.Context, req *pb.CreateContainerRequ
 		a.mounts.release(mounted)
 		return nil, status.Errorf(codes.NotFound, "container %s: rootfs %s is not a directory (%v)", id, rootfs, err)
 	}
+	if _, err := processPrivileges(spec.GetProcess(), spec.GetLinux().GetSeccomp()); err != nil {
+		unmountAll(mounted)
+		return nil, fmt.Errorf("container %s: %w", id, err)
+	}
+	if prog, skipped, _ := compileSeccomp(spec.GetLinux().GetSeccomp()); prog != nil {
+		log.Printf("container %s: seccomp filter of %d instructions; syscalls unknown to this architecture, skipped: %v", id, len(prog.Filter), skipped)
+	}
+	cg, err := a.cgroups.create(id, spec)
+	if err != nil {
+		unmountAll(mounted)
+		return nil, err
+	}
 	execID := req.GetExecId()
 	if execID == "" {
 		execID = id
@@ -249,6 +264,7 @@ func (a *agent) CreateContainer(ctx context.Context, req *pb.CreateContainerRequ
 		rootfs:   rootfs,
 		storages: mounted,
 		init:     newProcess(execID),
+		cgroup:   cg,
 		execs:    map[string]*process{},
 	}
 	return &emptypb.Empty{}, nil
@@ -295,6 +311,10 @@ func (a *agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 	if err != nil {
 		return nil, err
 	}
+	priv, err := processPrivileges(proc, c.spec.GetLinux().GetSeccomp())
+	if err != nil {
+		return nil, fmt.Errorf("container %s: %w", c.id, err)
+	}
 	cfg := initConfig{
 		Rootfs:   c.rootfs,
 		Readonly: c.spec.GetRoot().GetReadonly(),
@@ -302,11 +322,10 @@ func (a *agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 		Args:     proc.GetArgs(),
 		Env:      proc.GetEnv(),
 		Cwd:      proc.GetCwd(),
-		UID:      proc.GetUser().GetUID(),
-		GID:      proc.GetUser().GetGID(),
-		Groups:   proc.GetUser().GetAdditionalGids(),
 		Terminal: proc.GetTerminal(),
 		Console:  size,
+		// The user, capabilities, rlimits, no_new_privs and seccomp filter.
+		Privileges: priv,
 	}
 	for _, m := range c.spec.GetMounts() {
 		cfg.Mounts = append(cfg.Mounts, mountEntry{Destination: m.GetDestination(), Source: m.GetSource(), Type: m.GetType(), Options: m.GetOptions()})
@@ -330,6 +349,10 @@ func (a *agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags: cloneFlags(c.spec),
 			Setsid:     true,
+			// clone3 straight into the container's cgroup: nothing of the
+			// container runs outside its limits.
+			UseCgroupFD: true,
+			CgroupFD:    c.cgroup.fd,
 		},
 	}
 	if cfg.Terminal {
@@ -460,6 +483,10 @@ func (a *agent) ExecProcess(ctx context.Context, req *pb.ExecProcessRequest) (*e
 	if !c.init.running() {
 		return nil, status.Errorf(codes.FailedPrecondition, "container %s is not running", c.id)
 	}
+	if c.cgroup.frozen() {
+		// The exec would start frozen, and its start would never report.
+		return nil, status.Errorf(codes.FailedPrecondition, "container %s is paused: resume it first", c.id)
+	}
 	proc := req.GetProcess()
 	if proc == nil || len(proc.GetArgs()) == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "container %s exec %s: no args", c.id, execID)
@@ -468,34 +495,46 @@ func (a *agent) ExecProcess(ctx context.Context, req *pb.ExecProcessRequest) (*e
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "container %s exec %s: %v", c.id, execID, status.Convert(err).Message())
 	}
+	// An exec gets the container's seccomp profile, as under Kata's agent.
+	priv, err := processPrivileges(proc, c.spec.GetLinux().GetSeccomp())
+	if err != nil {
+		return nil, fmt.Errorf("container %s exec %s: %w", c.id, execID, err)
+	}
+	xc := &execConfig{Args: proc.GetArgs(), Env: proc.GetEnv(), Cwd: proc.GetCwd(), Privileges: priv}
+	syncR, syncW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer syncR.Close()
 	p := newProcess(execID)
 	cmd := &exec.Cmd{
-		Args: proc.GetArgs(),
-		Env:  proc.GetEnv(),
-		Dir:  proc.GetCwd(),
+		// The exec helper (privileges.go), through the container's /proc:
+		// the process forks in the container's mount namespace.
+		Path:       "/proc/self/exe",
+		Args:       []string{"/init", execInitArg},
+		ExtraFiles: []*os.File{syncW},
 		SysProcAttr: &syscall.SysProcAttr{
-			Setsid: true,
-			Credential: &syscall.Credential{
-				Uid:    proc.GetUser().GetUID(),
-				Gid:    proc.GetUser().GetGID(),
-				Groups: proc.GetUser().GetAdditionalGids(),
-			},
+			Setsid:      true,
+			UseCgroupFD: true,
+			CgroupFD:    c.cgroup.fd,
 		},
-	}
-	if cmd.Dir == "" {
-		cmd.Dir = "/"
 	}
 	pid := c.init.cmd.Process.Pid
 	if proc.GetTerminal() {
-		err = p.startTerminal(cmd, func() (*os.File, error) { return startExecTerminal(pid, cmd, size) })
+		err = p.startTerminal(cmd, func() (*os.File, error) { return startExecTerminal(pid, cmd, xc, size) })
 	} else {
-		err = p.start(cmd, func() error { return startInNamespaces(pid, cmd, nil) })
+		err = p.start(cmd, func() error { return startInNamespaces(pid, cmd, xc, nil) })
 	}
+	syncW.Close()
 	if err != nil {
 		if errors.Is(err, exec.ErrNotFound) {
 			return nil, status.Errorf(codes.NotFound, "container %s exec %s: %v", c.id, execID, err)
 		}
 		return nil, fmt.Errorf("container %s exec %s: %w", c.id, execID, err)
+	}
+	if msg, _ := io.ReadAll(io.LimitReader(syncR, 64<<10)); len(msg) > 0 {
+		<-p.done
+		return nil, status.Errorf(codes.FailedPrecondition, "container %s exec %s: %s", c.id, execID, msg)
 	}
 	c.execs[execID] = p
 	log.Printf("container %s exec %s started: pid %d %q", c.id, execID, cmd.Process.Pid, cmd.Args)
@@ -505,18 +544,18 @@ func (a *agent) ExecProcess(ctx context.Context, req *pb.ExecProcessRequest) (*e
 // startInNamespaces starts cmd inside the namespaces of process pid; see
 // ExecProcess for why a dedicated, never-unlocked OS thread does it.
 // prepare, if not nil, runs on that thread once it joined them.
-func startInNamespaces(pid int, cmd *exec.Cmd, prepare func() error) error {
+func startInNamespaces(pid int, cmd *exec.Cmd, xc *execConfig, prepare func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		// No UnlockOSThread: the thread's namespaces no longer match the rest
 		// of the agent, so the runtime must discard it when we return.
-		errc <- joinAndStart(pid, cmd, prepare)
+		errc <- joinAndStart(pid, cmd, xc, prepare)
 	}()
 	return <-errc
 }
 
-func joinAndStart(pid int, cmd *exec.Cmd, prepare func() error) error {
+func joinAndStart(pid int, cmd *exec.Cmd, xc *execConfig, prepare func() error) error {
 	namespaces := []struct {
 		name string
 		typ  int
@@ -543,11 +582,22 @@ func joinAndStart(pid int, cmd *exec.Cmd, prepare func() error) error {
 			return fmt.Errorf("join %s namespace of pid %d: %w", ns.name, pid, err)
 		}
 	}
-	path, err := lookPath(cmd.Args[0], cmd.Env)
+	path, err := lookPath(xc.Args[0], xc.Env)
 	if err != nil {
 		return err
 	}
-	cmd.Path = path
+	xc.Path = path
+	// The child resolves /proc/self/exe in the container's procfs (this
+	// thread's /proc/self is not in it: it has not joined the PID namespace).
+	var st unix.Statfs_t
+	if err := unix.Statfs("/proc", &st); err != nil || st.Type != unix.PROC_SUPER_MAGIC {
+		return fmt.Errorf("the exec helper starts through the container's /proc/self/exe, and the container has no procfs on /proc (%v)", err)
+	}
+	blob, err := json.Marshal(xc)
+	if err != nil {
+		return err
+	}
+	cmd.Env = []string{initConfigEnv + "=" + string(blob)}
 	if prepare != nil {
 		if err := prepare(); err != nil {
 			return err
@@ -702,6 +752,7 @@ func (a *agent) RemoveContainer(ctx context.Context, req *pb.RemoveContainerRequ
 	if !c.killAll(ctx, timeout) {
 		return nil, status.Errorf(codes.DeadlineExceeded, "container %s: processes still running after %s", c.id, timeout)
 	}
+	a.cgroups.remove(c.cgroup)
 	a.mounts.release(c.storages)
 	a.mu.Lock()
 	delete(a.containers, c.id)

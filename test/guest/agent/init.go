@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -32,12 +33,12 @@ type initConfig struct {
 	Args     []string     `json:"args"`
 	Env      []string     `json:"env"`
 	Cwd      string       `json:"cwd"`
-	UID      uint32       `json:"uid"`
-	GID      uint32       `json:"gid"`
-	Groups   []uint32     `json:"groups"`
 	// Terminal gives the process a pty of the container (see pty.go).
 	Terminal bool         `json:"terminal"`
 	Console  *consoleSize `json:"console,omitempty"`
+	// Privileges are the user, capabilities, rlimits and no_new_privs
+	// applied last, before the exec (privileges.go).
+	Privileges privileges `json:"privileges"`
 }
 
 type mountEntry struct {
@@ -61,6 +62,9 @@ var defaultMounts = []mountEntry{
 // into the rootfs, drops to the process user and execs the OCI process.
 // Any failure is written to the sync fd and ends the helper with status 127.
 func containerInit() {
+	// Capabilities and no_new_privs are per thread: set them on the
+	// thread that execs.
+	runtime.LockOSThread()
 	sync := os.NewFile(initSyncFd, "sync")
 	unix.CloseOnExec(initSyncFd)
 	err := setupAndExec()
@@ -89,7 +93,10 @@ func setupAndExec() error {
 			return err
 		}
 	}
-	if err := setUser(cfg.UID, cfg.GID, cfg.Groups); err != nil {
+	if err := applyRlimits(cfg.Privileges.Rlimits); err != nil {
+		return err
+	}
+	if err := applyPrivileges(cfg.Privileges); err != nil {
 		return err
 	}
 	cwd := cfg.Cwd
@@ -302,23 +309,6 @@ func mkdirNoSymlinks(root, dest string) error {
 		case fi.Mode()&fs.ModeSymlink != 0:
 			return fmt.Errorf("%s is a symlink", cur)
 		}
-	}
-	return nil
-}
-
-func setUser(uid, gid uint32, groups []uint32) error {
-	gs := make([]int, len(groups))
-	for i, g := range groups {
-		gs[i] = int(g)
-	}
-	if err := unix.Setgroups(gs); err != nil {
-		return fmt.Errorf("setgroups: %w", err)
-	}
-	if err := unix.Setresgid(int(gid), int(gid), int(gid)); err != nil {
-		return fmt.Errorf("setgid %d: %w", gid, err)
-	}
-	if err := unix.Setresuid(int(uid), int(uid), int(uid)); err != nil {
-		return fmt.Errorf("setuid %d: %w", uid, err)
 	}
 	return nil
 }

@@ -153,8 +153,8 @@ func setupConsole(cfg *initConfig) error {
 		}
 	}
 	// The process owns its terminal, as a login's user does.
-	if err := unix.Fchown(int(slave.Fd()), int(cfg.UID), -1); err != nil {
-		return fmt.Errorf("terminal: chown %s to uid %d: %w", slave.Name(), cfg.UID, err)
+	if err := unix.Fchown(int(slave.Fd()), int(cfg.Privileges.UID), -1); err != nil {
+		return fmt.Errorf("terminal: chown %s to uid %d: %w", slave.Name(), cfg.Privileges.UID, err)
 	}
 	if err := sendFile(sock, master); err != nil {
 		return fmt.Errorf("terminal: hand the pty master to the agent: %w", err)
@@ -244,7 +244,7 @@ func consoleSocket() (agentEnd, helperEnd *os.File, err error) {
 // mount namespace, to run on a new pty of that namespace: the slave as
 // its stdio and controlling terminal. It returns the master and the slave,
 // which the caller closes once cmd has started.
-func execTerminal(cmd *exec.Cmd, size *consoleSize) (master, slave *os.File, err error) {
+func execTerminal(cmd *exec.Cmd, size *consoleSize, uid uint32) (master, slave *os.File, err error) {
 	master, slave, err = openPty()
 	if err != nil {
 		return nil, nil, err
@@ -259,10 +259,9 @@ func execTerminal(cmd *exec.Cmd, size *consoleSize) (master, slave *os.File, err
 			return fail(fmt.Errorf("terminal: set size %dx%d: %w", size.Rows, size.Cols, err))
 		}
 	}
-	if c := cmd.SysProcAttr.Credential; c != nil {
-		if err := unix.Fchown(int(slave.Fd()), int(c.Uid), -1); err != nil {
-			return fail(fmt.Errorf("terminal: chown %s to uid %d: %w", slave.Name(), c.Uid, err))
-		}
+	// The process's user owns its terminal, as with runc's console.
+	if err := unix.Fchown(int(slave.Fd()), int(uid), -1); err != nil {
+		return fail(fmt.Errorf("terminal: chown %s to uid %d: %w", slave.Name(), uid, err))
 	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 	cmd.SysProcAttr.Setsid = true
@@ -406,11 +405,11 @@ func startInitTerminal(p *process, cmd *exec.Cmd) error {
 
 // startExecTerminal starts an exec in the namespaces of process pid on a
 // new pty of its container, and returns the master.
-func startExecTerminal(pid int, cmd *exec.Cmd, size *consoleSize) (*os.File, error) {
+func startExecTerminal(pid int, cmd *exec.Cmd, xc *execConfig, size *consoleSize) (*os.File, error) {
 	var master, slave *os.File
-	err := startInNamespaces(pid, cmd, func() error {
+	err := startInNamespaces(pid, cmd, xc, func() error {
 		var err error
-		master, slave, err = execTerminal(cmd, size)
+		master, slave, err = execTerminal(cmd, size, xc.Privileges.UID)
 		return err
 	})
 	if slave != nil {

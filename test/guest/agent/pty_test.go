@@ -26,7 +26,7 @@ func startOnHostTerminal(t *testing.T, script string, size *consoleSize) *proces
 	cmd := exec.Command(sh, "-c", script)
 	cmd.SysProcAttr = &syscall.SysProcAttr{}
 	err := p.startTerminal(cmd, func() (*os.File, error) {
-		master, slave, err := execTerminal(cmd, size)
+		master, slave, err := execTerminal(cmd, size, 0)
 		if err != nil {
 			return nil, err
 		}
