@@ -169,8 +169,13 @@ func TestShimAgentKilledMidStream(t *testing.T) {
 	if st := ce.waitTaskStatus(ctx, id, "STOPPED"); st != "STOPPED" {
 		t.Fatalf("task %s is %q after its agent was killed, want STOPPED", id, st)
 	}
-	logs := ce.logTail(1 << 22)
-	if !strings.Contains(logs, "guest kernel panic: Attempted to kill init") {
+	// The shim reports the task's exit as soon as it sees it and logs the
+	// VM's death when its watcher has read the console: wait a little.
+	seen := false
+	for deadline := time.Now().Add(15 * time.Second); !seen && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		seen = strings.Contains(ce.logTail(1<<22), "guest kernel panic: Attempted to kill init")
+	}
+	if !seen {
 		t.Errorf("the shim's log does not show why the pod died (the guest console's panic)")
 	}
 	r := ce.ctr(ctx, "tasks", "delete", id)
