@@ -1,7 +1,6 @@
 package ext4
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -70,7 +69,8 @@ func (img *Image) Sources() []index.Source { return img.Manifest.Sources }
 // MetaSize is the size of the metadata file in bytes.
 func (img *Image) MetaSize() int64 { return img.metaSize }
 
-// Close releases the metadata file of an image loaded by Open.
+// Close releases the metadata file of an image built by Build or loaded by
+// Open.
 func (img *Image) Close() error {
 	if img.closer != nil {
 		return img.closer.Close()
@@ -101,14 +101,14 @@ func newImage(p *plan, md *metadata) (*Image, error) {
 		Inodes: l.ipg * l.ngroups, UsedInodes: used, Groups: l.ngroups,
 		UUID:      fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16]),
 		Features:  []string{"ext_attr", "dir_index", "filetype", "extent", "64bit", "flex_bg", "sparse_super", "large_file", "huge_file", "dir_nlink", "extra_isize", "metadata_csum"},
-		BuildTime: now, MetaBytes: uint64(len(md.bytes)), DataBytes: dataBytes,
+		BuildTime: now, MetaBytes: md.size, DataBytes: dataBytes,
 		Extents: m.Len(), Counts: p.tree.counts, Sources: p.idx.Sources,
 	}
 	if p.tree.journal >= 0 {
 		mf.Features = append([]string{"has_journal"}, mf.Features...)
 		mf.Journal = l.nodes[p.tree.journal].dataBlks * l.bs
 	}
-	return &Image{Manifest: mf, Map: m, meta: bytes.NewReader(md.bytes), metaSize: int64(len(md.bytes))}, nil
+	return &Image{Manifest: mf, Map: m, meta: md.f, metaSize: int64(md.size), closer: md.f}, nil
 }
 
 // blockMap combines stored, shared, zero and data ranges into the block map.
