@@ -7,11 +7,11 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/index"
 )
 
-// Budgets a build enforces, named as their configuration keys in
-// [kata_fsx.imagefs_blk] so that an error says what to raise.
+// Budgets a build enforces, named as their configuration keys so that an
+// error says what to raise.
 const (
-	BudgetMetadata    = "max_metadata_bytes"
-	BudgetBuildMemory = "max_build_memory"
+	BudgetMetadata    = "kata_fsx.imagefs_blk.max_metadata_mb"
+	BudgetBuildMemory = "kata_fsx.imagefs_blk.max_build_memory_mb"
 )
 
 // Default budgets, applied by Build to zero Options fields. The metadata
