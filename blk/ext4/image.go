@@ -52,6 +52,9 @@ type Image struct {
 	meta     io.ReaderAt
 	metaSize int64
 	closer   io.Closer
+	// built is the unlinked metadata file Build made, until WriteTo
+	// persists it and the image reads its copy instead.
+	built *os.File
 }
 
 // The run-time reader serves an Image without knowing its format.
@@ -108,7 +111,7 @@ func newImage(p *plan, md *metadata) (*Image, error) {
 		mf.Features = append([]string{"has_journal"}, mf.Features...)
 		mf.Journal = l.nodes[p.tree.journal].dataBlks * l.bs
 	}
-	return &Image{Manifest: mf, Map: m, meta: md.f, metaSize: int64(md.size), closer: md.f}, nil
+	return &Image{Manifest: mf, Map: m, meta: md.f, metaSize: int64(md.size), closer: md.f, built: md.f}, nil
 }
 
 // blockMap combines stored, shared, zero and data ranges into the block map.
@@ -142,6 +145,9 @@ func blockMap(p *plan, md *metadata) (*blockmap.Map, error) {
 // WriteTo persists the image into dir (created if missing): the metadata
 // file, the encoded block map and the manifest. Each file is replaced
 // atomically, so rewriting the directory an image was opened from is safe.
+// An image from Build then reads dir's metadata file and releases the
+// temporary one, so the metadata is not kept twice; WriteTo must not run
+// while the image is being read.
 func (img *Image) WriteTo(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("ext4: image dir: %w", err)
@@ -167,6 +173,14 @@ func (img *Image) WriteTo(dir string) error {
 	js = append(js, '\n')
 	if err := writeAtomic(filepath.Join(dir, ManifestFile), func(w io.Writer) error { _, err := w.Write(js); return err }); err != nil {
 		return fmt.Errorf("ext4: write manifest: %w", err)
+	}
+	if img.built != nil {
+		f, err := os.Open(filepath.Join(dir, MetaFile))
+		if err != nil {
+			return fmt.Errorf("ext4: reopen metadata: %w", err)
+		}
+		img.built.Close()
+		img.meta, img.closer, img.built = f, f, nil
 	}
 	return nil
 }
