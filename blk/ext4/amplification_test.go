@@ -29,11 +29,11 @@ func buildCLI(t *testing.T) string {
 }
 
 // runBuild runs `kata-fsx image build` on an OCI layout and returns its
-// error, its stderr and its peak RSS in bytes (the child's ru_maxrss).
-func runBuild(t *testing.T, bin, layout, out string, args ...string) (error, string, int64) {
+// stderr, its peak RSS in bytes (the child's ru_maxrss) and its error.
+func runBuild(t *testing.T, bin, layout, out string, args ...string) (string, int64, error) {
 	t.Helper()
 	var stderr bytes.Buffer
-	cmd := exec.Command(bin, append(append([]string{"image", "build", "-q", "-o", out, "--cache", filepath.Join(filepath.Dir(out), "cache")}, args...), "oci:"+layout)...)
+	cmd := exec.Command(bin, append(append([]string{"image", "build", "-q", "-o", out, "--cache", out + ".cache"}, args...), "oci:"+layout)...)
 	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
 	cmd.Env = append(os.Environ(), "KATA_FSX_CONF_FILE=/nonexistent") // the defaults, whatever the host has
 	start := time.Now()
@@ -44,7 +44,7 @@ func runBuild(t *testing.T, bin, layout, out string, args ...string) (error, str
 	}
 	rss := ru.Maxrss << 10 // KiB on Linux
 	t.Logf("image build %v: %v in %v, peak RSS %d MiB", args, err, time.Since(start).Round(time.Millisecond), rss>>20)
-	return err, stderr.String(), rss
+	return stderr.String(), rss, err
 }
 
 // TestAmplificationLayer is issue 16's item 1: a 2 MB gzip layer of
@@ -64,7 +64,7 @@ func TestAmplificationLayer(t *testing.T) {
 	work := t.TempDir()
 
 	t.Run("refused by the metadata budget", func(t *testing.T) {
-		err, stderr, rss := runBuild(t, bin, layout, filepath.Join(work, "refused"), "--max-metadata", "256M")
+		stderr, rss, err := runBuild(t, bin, layout, filepath.Join(work, "refused"), "--max-metadata", "256M")
 		if err == nil || !strings.Contains(stderr, BudgetMetadata) {
 			t.Fatalf("build with a 256 MiB metadata budget: %v, stderr %q; want a failure naming %s", err, stderr, BudgetMetadata)
 		}
@@ -78,7 +78,7 @@ func TestAmplificationLayer(t *testing.T) {
 
 	t.Run("built in 512 MiB", func(t *testing.T) {
 		out := filepath.Join(work, "built")
-		err, stderr, rss := runBuild(t, bin, layout, out)
+		stderr, rss, err := runBuild(t, bin, layout, out)
 		if err != nil {
 			t.Fatalf("build: %v\n%s", err, stderr)
 		}
