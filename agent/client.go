@@ -74,7 +74,11 @@ func Dial(ctx context.Context, t Transport, timeout time.Duration) (*Client, err
 		if err == nil {
 			return c, nil
 		}
-		lastErr = err
+		// An attempt cut short by the dial deadline says less than the
+		// failure before it (a refused or missing socket): keep that one.
+		if lastErr == nil || dctx.Err() == nil {
+			lastErr = err
+		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("dial agent over %s: %w (last error: %w)", t, ctx.Err(), lastErr)
 		}

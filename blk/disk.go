@@ -25,6 +25,11 @@ import (
 type Options struct {
 	// CacheDir holds the per-layer index cache and the blob cache.
 	CacheDir string
+	// LayerKeys is index.Options.LayerKeys for Create and Build: a key per
+	// layer that is immutable (a committed snapshot's lowerdir), "" for a
+	// mutable one (the upperdir, a bind rootfs); only keyed layers are
+	// cached.
+	LayerKeys []string
 	// WritableSize is the free space added for guest writes, in bytes.
 	WritableSize int64
 	// BlockSize is the ext4 block size (4096 or 2048).
@@ -91,7 +96,7 @@ const (
 // Build indexes layers (lowest first; a plain directory is one layer) and
 // synthesizes the image into dir/image.
 func Build(ctx context.Context, layers []string, dir string, opts Options) (*ext4.Image, error) {
-	idx, err := overlayfs.FromLayers(ctx, layers, index.Options{CacheDir: opts.CacheDir})
+	idx, err := overlayfs.FromLayers(ctx, layers, index.Options{CacheDir: opts.CacheDir, LayerKeys: opts.LayerKeys})
 	if err != nil {
 		return nil, fmt.Errorf("imagefs-blk: index rootfs: %w", err)
 	}

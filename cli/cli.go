@@ -7,6 +7,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/kata-fsx/kata-fsx/bench"
 	"github.com/kata-fsx/kata-fsx/config"
@@ -28,6 +31,19 @@ Commands:
 
 Run 'kata-fsx COMMAND -h' for a command's options.
 `
+
+// Run is the kata-fsx entry point: it runs Main with a context that
+// SIGINT or SIGTERM cancels, so every command stops and cleans up (removes
+// its partial output, tears its sandbox down) instead of dying mid-way or
+// ignoring the signal. A second signal kills the process at once, for a
+// command whose cleanup itself is stuck.
+func Run(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	// stop restores the default action: the next signal terminates.
+	context.AfterFunc(ctx, stop)
+	return Main(ctx, args, stdout, stderr)
+}
 
 // Main runs the kata-fsx command line and returns the process exit status.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {

@@ -357,7 +357,7 @@ func buildEnv(c *config.Config, h *host.Host) *EnvInfo {
 			Experimental:        []ExperimentalFeature{},
 			Version:             RuntimeVersionInfo{OCI: specs.Version, Version: versionInfo(Version)},
 			Debug:               c.Runtime.EnableDebug,
-			DisableGuestSeccomp: true, // the agent spec drops the OCI seccomp profile
+			DisableGuestSeccomp: c.Runtime.DisableGuestSeccomp,
 		},
 		Agent: AgentInfo{
 			Debug:         c.AgentKata().EnableDebug,

@@ -117,7 +117,7 @@ func defaultCacheDir() string {
 	return filepath.Join(config.Default().KataFSX.ImagefsBlk.StateDir, "cache")
 }
 
-func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
 	fs := flag.NewFlagSet("image build", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	out := fs.String("o", "", "output image directory")
@@ -159,6 +159,15 @@ func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	// A build that fails or is interrupted leaves no output directory it
+	// created: a half-written image must not be mistaken for one.
+	if _, serr := os.Lstat(*out); errors.Is(serr, os.ErrNotExist) {
+		defer func() {
+			if err != nil {
+				os.RemoveAll(*out)
+			}
+		}()
+	}
 	progress := newProgress(stderr, *quiet)
 	defer progress.Finish()
 
@@ -190,11 +199,14 @@ func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	defer img.Close()
 	info.BuildSeconds = time.Since(t1).Seconds()
 	progress.Describe("writing " + *out)
-	if err := img.WriteTo(*out); err != nil {
+	if err = img.WriteTo(*out); err != nil {
 		return err
 	}
+	if err = ctx.Err(); err != nil {
+		return fmt.Errorf("interrupted while writing %s: %w", *out, err)
+	}
 	b, _ := json.MarshalIndent(info, "", "  ")
-	if err := os.WriteFile(filepath.Join(*out, buildInfoFile), append(b, '\n'), 0o644); err != nil {
+	if err = os.WriteFile(filepath.Join(*out, buildInfoFile), append(b, '\n'), 0o644); err != nil {
 		return err
 	}
 	progress.Finish()

@@ -99,6 +99,7 @@ type QEMU struct {
 	ValidFileMemBackends      []string `toml:"valid_file_mem_backends"`
 	ValidEntropySources       []string `toml:"valid_entropy_sources"`
 	DefaultMaxVCPUs           uint32   `toml:"default_maxvcpus"`
+	DefaultMaxMemory          uint64   `toml:"default_maxmemory"`
 	DisableImageNvdimm        bool     `toml:"disable_image_nvdimm"`
 	StaticSandboxResourceMgmt bool     `toml:"static_sandbox_resource_mgmt"`
 }
@@ -113,6 +114,17 @@ type Agent struct {
 // Runtime is Kata's [runtime] table.
 type Runtime struct {
 	EnableDebug bool `toml:"enable_debug"`
+	// InterNetworkingModel is how the pod's network namespace reaches the
+	// VM: "tcfilter" (Kata's default) or "none" (no NIC).
+	InterNetworkingModel string `toml:"internetworking_model"`
+	// StaticSandboxResourceMgmt sizes the VM at boot for its workload, as
+	// Kata does: default_vcpus and default_memory plus the pod's CPU and
+	// memory limits (CRI's sandbox annotations, or a lone container's
+	// cgroup resources).
+	StaticSandboxResourceMgmt bool `toml:"static_sandbox_resource_mgmt"`
+	// DisableGuestSeccomp keeps the containers' seccomp profiles out of
+	// the guest, as Kata does (its shipped file sets it; absent means false).
+	DisableGuestSeccomp bool `toml:"disable_guest_seccomp"`
 }
 
 // ImagefsBlk is the [kata_fsx.imagefs_blk] table: the in-process block backend.
@@ -210,7 +222,8 @@ func Default() *Config {
 			MemorySlots:        10,
 			VhostUserStorePath: "/var/run/kata-containers/vhost-user",
 		}},
-		Agent: agentTable{Kata: Agent{DialTimeout: 45}},
+		Agent:   agentTable{Kata: Agent{DialTimeout: 45}},
+		Runtime: Runtime{InterNetworkingModel: "tcfilter"},
 		KataFSX: KataFSX{
 			Accelerator:    AccelAuto,
 			AgentTransport: TransportAuto,

@@ -30,6 +30,9 @@ func (k IgnoredKey) String() string {
 // is reported only when a file sets it to another value.
 var kataIgnored = []struct{ key, inert, reason string }{
 	// image and disable_image_nvdimm are honoured; an image's root is always ext4.
+	// default_maxvcpus and default_maxmemory are honoured too, not as
+	// hot-plug limits (there is no hot-plug) but as the ceilings of the
+	// default_vcpus and default_memory annotations.
 	{"hypervisor.qemu.rootfs_type", `"ext4"`, "a guest image is always booted as ext4 (rootfstype=ext4)"},
 	{"hypervisor.qemu.rootless", `false`, "QEMU runs as the shim's user, never as a dedicated unprivileged user"},
 	{"hypervisor.qemu.firmware", `""`, "QEMU's built-in firmware is used"},
@@ -38,10 +41,8 @@ var kataIgnored = []struct{ key, inert, reason string }{
 	{"hypervisor.qemu.machine_accelerators", `""`, "-machine gets only the machine type and kata-fsx's accelerator"},
 	{"hypervisor.qemu.cpu_features", `""`, "-cpu is host (KVM) or max (TCG), without extra features"},
 	{"hypervisor.qemu.seccompsandbox", `""`, "QEMU runs without -sandbox"},
-	{"hypervisor.qemu.default_maxvcpus", `0`, "no vCPU hot-plug: the VM has default_vcpus, no more"},
 	{"hypervisor.qemu.default_bridges", `1`, "the VM always has one PCI bridge, for hot-plugged disks"},
 	{"hypervisor.qemu.memory_slots", `10`, "no memory hot-plug: the slots only hold a guest image's nvdimm"},
-	{"hypervisor.qemu.default_maxmemory", `0`, "no memory hot-plug: the VM has default_memory, no more"},
 	{"hypervisor.qemu.memory_offset", `0`, "no memory hot-plug"},
 	{"hypervisor.qemu.enable_virtio_mem", `false`, "no virtio-mem device"},
 	{"hypervisor.qemu.enable_mem_prealloc", `false`, "guest memory is not preallocated"},
@@ -67,9 +68,8 @@ var kataIgnored = []struct{ key, inert, reason string }{
 	{"hypervisor.qemu.hot_plug_vfio", `"no-port"`, "no VFIO devices"},
 	{"hypervisor.qemu.cold_plug_vfio", `"no-port"`, "no VFIO devices"},
 	{"hypervisor.qemu.pcie_root_port", `0`, "no PCIe root ports are added"},
-	{"hypervisor.qemu.disable_vhost_net", `false`, "the VM has no network device"},
-	{"hypervisor.qemu.rx_rate_limiter_max_rate", `0`, "the VM has no network device"},
-	{"hypervisor.qemu.tx_rate_limiter_max_rate", `0`, "the VM has no network device"},
+	{"hypervisor.qemu.rx_rate_limiter_max_rate", `0`, "the pod's NICs have no rate limiter"},
+	{"hypervisor.qemu.tx_rate_limiter_max_rate", `0`, "the pod's NICs have no rate limiter"},
 	{"hypervisor.qemu.entropy_source", `"/dev/urandom"`, "no virtio-rng device"},
 	{"hypervisor.qemu.guest_hook_path", `""`, "no guest hooks are sent to the agent"},
 	{"hypervisor.qemu.guest_memory_dump_path", `""`, "no pvpanic device, no memory dump"},
@@ -83,10 +83,9 @@ var kataIgnored = []struct{ key, inert, reason string }{
 	{"factory.vm_cache_number", `0`, "no VM cache"},
 	{"agent.kata.debug_console_enabled", `false`, "no debug console in the guest"},
 	{"agent.kata.enable_tracing", `false`, "no agent tracing"},
-	{"runtime.internetworking_model", `"tcfilter"`, "the VM has no network device"},
+	{"runtime.disable_new_netns", `false`, "QEMU stays in the shim's network namespace and gets the pod's taps as fds; for no NIC set internetworking_model = \"none\""},
 	{"runtime.enable_vcpus_pinning", `false`, "vCPUs are not pinned"},
 	{"runtime.guest_selinux_label", `""`, "guest SELinux is never enabled"},
-	{"runtime.static_sandbox_resource_mgmt", `false`, "the VM is sized by default_vcpus and default_memory only"},
 	{"runtime.sandbox_bind_mounts", `[]`, "no bind mounts are shared into the guest"},
 	{"runtime.vfio_mode", `"guest-kernel"`, "no VFIO devices"},
 	{"runtime.emptydir_mode", `"shared-fs"`, "emptyDir volumes are host directories like any other"},

@@ -3,6 +3,7 @@ package config
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"math"
 	"os"
 	"runtime"
@@ -71,4 +72,20 @@ func (c *Config) applyKataDefaults() {
 	if q.VirtioFSQueueSize == 0 {
 		q.VirtioFSQueueSize = defaultVirtioFSQueue
 	}
+}
+
+// hostMemMiB returns MemTotal of /proc/meminfo in MiB, 0 when unreadable.
+func hostMemMiB() uint64 {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		var kib uint64
+		if n, _ := fmt.Sscanf(sc.Text(), "MemTotal: %d kB", &kib); n == 1 {
+			return kib / 1024
+		}
+	}
+	return 0
 }

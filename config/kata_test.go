@@ -110,7 +110,7 @@ func TestKataStockConfigIgnoredKeys(t *testing.T) {
 
 func TestIgnoredKeysFollowDropIns(t *testing.T) {
 	dir := t.TempDir()
-	base := writeFile(t, filepath.Join(dir, "configuration.toml"), "[hypervisor.qemu]\nenable_hugepages = true\ndefault_maxmemory = 8192\n[factory]\nenable_template = true\n", 0o644)
+	base := writeFile(t, filepath.Join(dir, "configuration.toml"), "[hypervisor.qemu]\nenable_hugepages = true\nmemory_offset = 8192\n[factory]\nenable_template = true\n", 0o644)
 	writeFile(t, filepath.Join(dir, "config.d", "10.toml"), "[hypervisor.qemu]\nenable_hugepages = false\n[agent.kata]\ndebug_console_enabled = true\n", 0o644)
 	c, err := LoadFile(base)
 	if err != nil {
@@ -123,7 +123,7 @@ func TestIgnoredKeysFollowDropIns(t *testing.T) {
 	want := []string{
 		"agent.kata.debug_console_enabled = true ignored by kata-fsx: no debug console in the guest (set it to false or remove it)",
 		"factory.enable_template = true ignored by kata-fsx: no VM templating (set it to false or remove it)",
-		"hypervisor.qemu.default_maxmemory = 8192 ignored by kata-fsx: no memory hot-plug: the VM has default_memory, no more (set it to 0 or remove it)",
+		"hypervisor.qemu.memory_offset = 8192 ignored by kata-fsx: no memory hot-plug (set it to 0 or remove it)",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("got:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -197,5 +197,28 @@ func TestImageKeysRead(t *testing.T) {
 	}
 	if len(c.Ignored) != 1 || c.Ignored[0].Key != "hypervisor.qemu.rootfs_type" {
 		t.Fatalf("rootfs_type erofs: %v", c.Ignored)
+	}
+}
+
+// TestStaticSandboxResourceMgmt: Kata's [runtime] key is read and honoured,
+// so setting it reports nothing as ignored.
+func TestStaticSandboxResourceMgmt(t *testing.T) {
+	dir := t.TempDir()
+	c, err := LoadFile(writeFile(t, filepath.Join(dir, "configuration.toml"), "[hypervisor.qemu]\n[runtime]\nstatic_sandbox_resource_mgmt = true\n", 0o644))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Runtime.StaticSandboxResourceMgmt {
+		t.Error("static_sandbox_resource_mgmt = true not read")
+	}
+	if c.Runtime.DisableGuestSeccomp {
+		t.Error("disable_guest_seccomp absent but read as true")
+	}
+	if len(c.Ignored) != 0 {
+		t.Errorf("reported as ignored: %v", c.Ignored)
+	}
+	c, err = LoadFile(writeFile(t, filepath.Join(dir, "off.toml"), "[hypervisor.qemu]\n[runtime]\nenable_debug = true\ndisable_guest_seccomp = true\n", 0o644))
+	if err != nil || c.Runtime.StaticSandboxResourceMgmt || !c.Runtime.DisableGuestSeccomp {
+		t.Errorf("absent static key, disable_guest_seccomp = true: %v %v %v", c.Runtime.StaticSandboxResourceMgmt, c.Runtime.DisableGuestSeccomp, err)
 	}
 }

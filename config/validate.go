@@ -121,6 +121,15 @@ func Validate(c *Config, host HostFacts) error {
 			Problem: fmt.Sprintf("cannot set both image and initrd at the same time (hypervisor.qemu.image = %q)", q.Image),
 			Fix:     "remove hypervisor.qemu.image to boot the initrd, or hypervisor.qemu.initrd to boot the image"})
 	}
+	switch m := c.Runtime.InterNetworkingModel; m {
+	case "tcfilter", "none", "default":
+	case "macvtap":
+		add(&Error{Key: "runtime.internetworking_model", Value: m, Problem: "valid for Kata but not supported by kata-fsx",
+			Fix: `use "tcfilter" (Kata's default) or "none" (no network device)`})
+	default:
+		add(&Error{Key: "runtime.internetworking_model", Value: m, Problem: "unknown internetworking model",
+			Fix: `use "tcfilter" (Kata's default) or "none" (no network device)`})
+	}
 	if c.AgentKata().DialTimeout == 0 {
 		add(&Error{Key: "agent.kata.dial_timeout", Value: "0", Problem: "the agent would never be reached", Fix: "set it in seconds, e.g. 45"})
 	}

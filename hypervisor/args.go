@@ -67,6 +67,22 @@ func BuildArgs(vm *VMConfig) ([]string, error) {
 	return p.Args, nil
 }
 
+// GuestRAMDir returns the directory whose file system holds the guest's
+// RAM: MemPath (default /dev/shm) with SharedMemoryFile, where QEMU creates
+// the RAM file, and "" otherwise (a memfd or private RAM lives in no file
+// system with a size of its own). When that file system runs out of room,
+// a first touch of a guest page raises SIGBUS in QEMU and in every
+// vhost-user backend that maps the RAM.
+func GuestRAMDir(vm *VMConfig) string {
+	if vm.SharedMemory != SharedMemoryFile {
+		return ""
+	}
+	if vm.MemPath != "" {
+		return vm.MemPath
+	}
+	return defaultMemPath
+}
+
 // Build validates vm and lays out its QEMU command line in Kata's shape,
 // assigning every PCI device an explicit bus and slot so the guest PCI
 // path of each device is known before boot. vm is not modified.
@@ -106,11 +122,7 @@ func Build(vm *VMConfig) (*Plan, error) {
 	b.add("-m", mem)
 	switch vm.SharedMemory {
 	case SharedMemoryFile:
-		memPath := vm.MemPath
-		if memPath == "" {
-			memPath = defaultMemPath
-		}
-		b.add("-object", fmt.Sprintf("memory-backend-file,id=dimm1,size=%dM,mem-path=%s,share=on", vm.MemoryMiB, escapeOpt(memPath)))
+		b.add("-object", fmt.Sprintf("memory-backend-file,id=dimm1,size=%dM,mem-path=%s,share=on", vm.MemoryMiB, escapeOpt(GuestRAMDir(vm))))
 		b.add("-numa", "node,memdev=dimm1")
 	case SharedMemoryMemfd:
 		b.add("-object", fmt.Sprintf("memory-backend-memfd,id=dimm1,size=%dM,share=on", vm.MemoryMiB))
@@ -184,6 +196,9 @@ func Build(vm *VMConfig) (*Plan, error) {
 		}
 		b.add(d.args(loc)...)
 		b.plan.PCIPaths[d.DeviceID()] = loc.path
+	}
+	if err := b.nics(vm, bus); err != nil {
+		return nil, err
 	}
 
 	if vm.Kernel != "" {
@@ -387,7 +402,7 @@ func validateVM(vm *VMConfig) error {
 			return fmt.Errorf("device %s (%s): %w", id, d.driver(), err)
 		}
 	}
-	return nil
+	return validateNICs(vm, ids)
 }
 
 // validateImage checks the guest image against Kata's rules (image and

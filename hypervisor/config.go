@@ -118,6 +118,8 @@ type VMConfig struct {
 	Agent AgentChannel
 	// Devices are cold-plugged in order, each on its own root-bus slot.
 	Devices []Device
+	// NICs are cold-plugged after Devices, each on its own root-bus slot.
+	NICs []*NIC
 	// HotplugSlots reserves this many slots (at most 31) behind a pci-bridge for device_add.
 	HotplugSlots int
 	// Paused starts QEMU with its CPUs stopped (-S); QMP cont starts them.

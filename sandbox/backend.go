@@ -31,6 +31,10 @@ func (s *Sandbox) prepareBackend(ctx context.Context, h *host.Host, vmc *hypervi
 			if err != nil {
 				return nil, err
 			}
+			// The containers' disks are mounted where the share would
+			// otherwise go; see guestVolumesMount.
+			st.MountPoint = guestVolumesMount
+			s.volumesGuestDir = guestVolumesMount
 			storages = append(storages, st)
 		}
 		return storages, nil
@@ -68,20 +72,9 @@ func (s *Sandbox) prepareBackend(ctx context.Context, h *host.Host, vmc *hypervi
 // the vhost-user-fs device; it returns the storage the agent mounts.
 func (s *Sandbox) startVirtioFS(ctx context.Context, h *host.Host, vmc *hypervisor.VMConfig) (*pb.Storage, error) {
 	q := s.cfg.QEMU()
-	var err error
-	if s.shared, err = virtiofs.NewSharedDir(s.Dir); err != nil {
-		return nil, err
-	}
-	if h.Daemon == nil {
-		if h.DaemonErr == nil {
-			return nil, fmt.Errorf("sandbox %s: backend %s needs virtiofsd: hypervisor.qemu.virtio_fs_daemon is not set", s.ID, s.Decision.Backend)
-		}
-		return nil, fmt.Errorf("sandbox %s: %w", s.ID, h.DaemonErr)
-	}
-	sock := filepath.Join(s.Dir, "vhost-fs.sock")
-	s.vfsd, err = virtiofs.Start(ctx, virtiofs.Options{Daemon: h.Daemon, SharedDir: s.shared.Root, Cache: q.VirtioFSCache, ExtraArgs: q.VirtioFSExtraArgs}, sock)
+	sock, err := s.startDaemon(ctx, h.Daemon, h.DaemonErr)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", s.ID, err)
+		return nil, err
 	}
 	s.watch(func() (<-chan struct{}, func() error) { return s.vfsd.Done(), s.vfsd.Err })
 	vmc.Devices = append(vmc.Devices, &hypervisor.VhostUserFS{ID: "vhost-user-fs-0", SocketPath: sock, Tag: sharedTag,
@@ -91,4 +84,27 @@ func (s *Sandbox) startVirtioFS(ctx context.Context, h *host.Host, vmc *hypervis
 		st.Options = []string{"dax"}
 	}
 	return st, nil
+}
+
+// startDaemon creates the sandbox's shared directory and runs virtiofsd on
+// it; it returns the daemon's vhost-user socket. The caller watches the
+// daemon once its device is in the VM.
+func (s *Sandbox) startDaemon(ctx context.Context, daemon *virtiofs.Daemon, daemonErr error) (string, error) {
+	q := s.cfg.QEMU()
+	var err error
+	if daemon == nil {
+		if daemonErr == nil {
+			return "", fmt.Errorf("sandbox %s: backend %s needs virtiofsd: hypervisor.qemu.virtio_fs_daemon is not set", s.ID, s.Decision.Backend)
+		}
+		return "", fmt.Errorf("sandbox %s: %w", s.ID, daemonErr)
+	}
+	if s.shared, err = virtiofs.NewSharedDir(s.Dir); err != nil {
+		return "", err
+	}
+	sock := filepath.Join(s.Dir, "vhost-fs.sock")
+	s.vfsd, err = virtiofs.Start(ctx, virtiofs.Options{Daemon: daemon, SharedDir: s.shared.Root, Cache: q.VirtioFSCache, ExtraArgs: q.VirtioFSExtraArgs}, sock)
+	if err != nil {
+		return "", fmt.Errorf("sandbox %s: %w", s.ID, err)
+	}
+	return sock, nil
 }

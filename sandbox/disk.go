@@ -54,6 +54,23 @@ func blkOptions(c *config.Config) blk.Options {
 	}
 }
 
+// layerKeys vouches for the layers whose index may be cached: an
+// overlay's lowerdirs are committed snapshots, which containerd never
+// changes; its upperdir and a directory rootfs are written to, so they are
+// walked on every build.
+func layerKeys(rootfs config.Rootfs) []string {
+	if rootfs.Kind != config.RootfsOverlay {
+		return nil
+	}
+	keys := make([]string, len(rootfs.Layers))
+	for i, l := range rootfs.Layers {
+		if l != rootfs.UpperDir {
+			keys[i] = "committed-snapshot"
+		}
+	}
+	return keys
+}
+
 // createDisk indexes and synthesizes a container's rootfs and serves it
 // from the sandbox directory (0700), so only this pod's QEMU reaches it.
 // ctx bounds the build; the disk is then served until it is removed or
@@ -82,6 +99,7 @@ func (s *Sandbox) createDisk(ctx context.Context, cid string, rootfs config.Root
 
 	dir := filepath.Join(s.Dir, "blk", cid)
 	opts := blkOptions(s.cfg)
+	opts.LayerKeys = layerKeys(rootfs)
 	// Sockets sit right in the sandbox directory: container ids can be
 	// 64 bytes and unix socket paths only 107.
 	opts.Socket = filepath.Join(s.Dir, fmt.Sprintf("blk%d.sock", seq))

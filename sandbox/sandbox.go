@@ -26,6 +26,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/host"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
 	"github.com/kata-fsx/kata-fsx/mount"
+	"github.com/kata-fsx/kata-fsx/network"
 	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
 
@@ -41,6 +42,9 @@ type Spec struct {
 	Rootfs      config.Rootfs
 	HostVolumes []string
 	Hostname    string
+	// Resources are the first container's cgroup resources: they size a
+	// lone container's VM under static_sandbox_resource_mgmt.
+	Resources *specs.LinuxResources
 	// Backend, when set, overrides the policy (kata-fsx run --backend).
 	Backend string
 	// RootfsIndex, when set, is the first container's rootfs already
@@ -49,6 +53,9 @@ type Spec struct {
 	// RootfsBlockFile is the first container's rootfs as a raw ext4 image
 	// file, for BackendVirtioBlk.
 	RootfsBlockFile string
+	// NetNSPath is the pod's network namespace (the OCI spec's network
+	// namespace path); empty for a pod without one, which gets no NIC.
+	NetNSPath string
 }
 
 // BackendVirtioBlk serves a prebuilt raw ext4 image file as the first
@@ -78,6 +85,19 @@ type Sandbox struct {
 	// hybridVsock is the in-process vsock device behind a hybrid vsock
 	// transport; Stop closes it after QEMU is gone.
 	hybridVsock io.Closer
+	// net is the pod's network namespace wired to the VM's NICs; nil for none.
+	net *network.Network
+	// daemon is the detected virtiofsd, kept for an imagefs-blk pod's
+	// volumes, whose daemon starts with the first container that has any.
+	daemon    *virtiofs.Daemon
+	daemonErr error
+	// volMu serialises the start of an imagefs-blk pod's volumes share;
+	// volumesGuestDir is where the guest finds that share ("" until then)
+	// and volFS its hot-plugged device.
+	volMu           sync.Mutex
+	volumesGuestDir string
+	volFS           *hypervisor.PluggedFS
+
 	// life is the sandbox's lifetime, for what runs beyond one request
 	// (the disks' vhost-user servers); Stop ends it.
 	life     context.Context
@@ -90,6 +110,8 @@ type Sandbox struct {
 	// disks are the imagefs-blk disks by container id, with the QEMU
 	// device each is plugged in as.
 	disks map[string]*podDisk
+	// volumes are the containers' binds in the shared directory.
+	volumes map[string][]virtiofs.Volume
 	// rootBlkFor is the container whose rootfs is the BackendVirtioBlk disk.
 	rootBlkFor string
 	diskSeq    int // numbers disks, their sockets and QEMU ids
@@ -128,6 +150,15 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 		d.Backend, d.Reason = spec.Backend, "requested explicitly (--backend "+spec.Backend+")"
 	}
 	cfg := d.Config
+	if cfg.Runtime.StaticSandboxResourceMgmt {
+		sz, err := WorkloadSizing(spec.Annotations, spec.Resources)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s: static_sandbox_resource_mgmt: %w", spec.ID, err)
+		}
+		applySizing(cfg.QEMU(), sz)
+		log.G(ctx).WithField("sandbox", spec.ID).Infof("static_sandbox_resource_mgmt: %g vCPUs and %d MiB from %s: the VM gets %d vCPUs and %d MiB",
+			sz.CPUs, sz.MemoryMiB, sz.From, cfg.QEMU().DefaultVCPUs, cfg.QEMU().DefaultMemory)
+	}
 	s := newSandbox(ctx, spec.ID, d)
 	log.G(ctx).WithField("sandbox", spec.ID).Infof("backend %s: %s", d.Backend, d.Reason)
 	for _, k := range cfg.Ignored {
@@ -144,6 +175,7 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
+	s.daemon, s.daemonErr = h.Daemon, h.DaemonErr
 	if err := hypervisor.MakeVMDir(s.Dir); err != nil {
 		return nil, err
 	}
@@ -155,9 +187,15 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := s.setupNetwork(ctx, spec, vmc); err != nil {
+		return nil, err
+	}
 	s.vm, err = hypervisor.Start(ctx, vmc)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: start QEMU: %w", spec.ID, err)
+	}
+	if err := s.closeNetworkFiles(); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	s.watch(func() (<-chan struct{}, func() error) { return s.vm.Exited(), s.vmExit })
 	timeout := time.Duration(cfg.AgentKata().DialTimeout) * time.Second
@@ -181,6 +219,9 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 		if len(f) > 0 {
 			req.KernelModules = append(req.KernelModules, &pb.KernelModule{Name: f[0], Parameters: f[1:]})
 		}
+	}
+	if err := s.configureGuestNetwork(ctx); err != nil {
+		return nil, fmt.Errorf("sandbox %s: guest network: %w", spec.ID, err)
 	}
 	if err := s.agent.CreateSandbox(ctx, req); err != nil {
 		return nil, s.Explain(fmt.Errorf("sandbox %s: agent CreateSandbox: %w", spec.ID, err))
@@ -249,6 +290,9 @@ func (s *Sandbox) plan(ctx context.Context, spec Spec) (*host.Host, *hypervisor.
 	// imagefs-blk's: it maps guest RAM.
 	if cfg.NeedsSharedMemory() || s.Decision.Backend == config.SharedFSImagefsBlk || h.Transport == config.TransportHybridVsock {
 		vmc.SharedMemory, vmc.MemPath = sharedMemory(h, q)
+		if err := checkGuestRAM(vmc); err != nil {
+			return nil, nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
 	}
 	switch h.Transport {
 	case config.TransportVsock:
@@ -326,7 +370,7 @@ func newSandbox(ctx context.Context, id string, d config.Decision) *Sandbox {
 		Dir:    filepath.Join(d.Config.KataFSX.StateDir, id),
 		state:  StateBooting,
 		failed: make(chan struct{}), stopping: make(chan struct{}), stopped: make(chan struct{}),
-		disks: map[string]*podDisk{},
+		disks: map[string]*podDisk{}, volumes: map[string][]virtiofs.Volume{},
 	}
 	s.life, s.lifeStop = context.WithCancel(context.WithoutCancel(ctx))
 	return s
@@ -522,7 +566,24 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 	if err != nil {
 		return fmt.Errorf("container %s: %w", c.ID, err)
 	}
-	var storages []*pb.Storage
+	if spec.Linux != nil && s.Decision.Config.Runtime.DisableGuestSeccomp {
+		// Kata's disable_guest_seccomp: the profile stays on the host.
+		spec.Linux.Seccomp = nil
+	}
+	// Volumes are shared before the rootfs: a mount that cannot be
+	// honoured fails the container before a disk is built for it.
+	mounts, storages, vols, err := s.containerMounts(ctx, c.ID, c.OCI)
+	if err != nil {
+		return err
+	}
+	spec.Mounts = mounts
+	defer func() {
+		if err != nil {
+			if uerr := vols.undo(); uerr != nil {
+				err = errors.Join(err, uerr)
+			}
+		}
+	}()
 	switch s.Decision.Backend {
 	case config.SharedFSImagefsBlk:
 		d, derr := s.containerDisk(ctx, c.ID, c.Rootfs)
@@ -538,7 +599,8 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 		}()
 		var st *pb.Storage
 		st, spec.Root.Path = s.blkStorage(d, c.ID)
-		storages = append(storages, st)
+		// The rootfs first: the agent resolves the root path after mounting.
+		storages = append([]*pb.Storage{st}, storages...)
 	case config.SharedFSVirtioFS, config.SharedFS9P:
 		if spec.Root.Path, err = s.shared.BindRootfs(c.ID, c.RootfsDir, readonly); err != nil {
 			return err
@@ -552,7 +614,7 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 			return fmt.Errorf("container %s: device %s has no PCI path", c.ID, rootBlkID)
 		}
 		mp := virtiofs.GuestSharedMount + c.ID
-		storages = append(storages, &pb.Storage{Driver: "blk", Source: string(path), Fstype: "ext4", MountPoint: mp})
+		storages = append([]*pb.Storage{{Driver: "blk", Source: string(path), Fstype: "ext4", MountPoint: mp}}, storages...)
 		spec.Root.Path = mp
 	default:
 		return fmt.Errorf("container %s: backend %s is not wired yet", c.ID, s.Decision.Backend)
@@ -560,6 +622,7 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 	if err := s.agent.CreateContainer(ctx, &pb.CreateContainerRequest{ContainerId: c.ID, ExecId: c.ID, OCI: spec, Storages: storages}); err != nil {
 		return s.Explain(fmt.Errorf("container %s: agent CreateContainer: %w", c.ID, err))
 	}
+	s.keepVolumes(c.ID, vols)
 	return nil
 }
 
@@ -575,6 +638,9 @@ func (s *Sandbox) RemoveContainer(ctx context.Context, cid string, timeout time.
 		if err := s.agent.RemoveContainer(ctx, cid, timeout); err != nil {
 			errs = append(errs, s.Explain(fmt.Errorf("container %s: %w", cid, err)))
 		}
+	}
+	if err := s.removeVolumes(cid); err != nil {
+		errs = append(errs, err)
 	}
 	if s.shared != nil && (s.Decision.Backend == config.SharedFSVirtioFS || s.Decision.Backend == config.SharedFS9P) {
 		if err := s.shared.Unbind(cid); err != nil {
@@ -633,7 +699,10 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("stop QEMU: %w", err))
 		}
 	}
-	// QEMU is gone: nothing uses the agent channel's device or CID any more.
+	// QEMU is gone: nothing uses the taps, nor the agent channel's device or CID.
+	if err := s.teardownNetwork(); err != nil {
+		errs = append(errs, err)
+	}
 	if s.hybridVsock != nil {
 		if err := s.hybridVsock.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("stop the hybrid vsock device: %w", err))

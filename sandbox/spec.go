@@ -2,10 +2,12 @@ package sandbox
 
 import (
 	"fmt"
+	"path/filepath"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
+	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
 
 // guestSandboxShm is where the sandbox's ephemeral shm storage is mounted in the guest.
@@ -28,8 +30,11 @@ func ProcessSpec(p *specs.Process) (*pb.Process, error) {
 
 // agentSpec converts an OCI runtime spec into the agent protocol's Spec,
 // with the root path replaced by where the rootfs is inside the guest.
-// Host-only parts (hooks, cgroup mounts and resources, seccomp) are
-// dropped: the VM boundary stands in for them.
+// The process's capabilities, rlimits and no_new_privs, and the linux
+// cgroup resources, cgroups path and seccomp profile go to the agent, which
+// enforces them in the guest; host-only parts (hooks, cgroup mounts,
+// namespace paths) are dropped: the VM boundary stands in for them. Mounts
+// are guestMounts' part.
 func agentSpec(s *specs.Spec, guestRoot string, readonly bool) (*pb.Spec, error) {
 	if s == nil || s.Process == nil {
 		return nil, fmt.Errorf("OCI spec has no process")
@@ -53,6 +58,9 @@ func agentSpec(s *specs.Spec, guestRoot string, readonly bool) (*pb.Spec, error)
 			Env:             append([]string(nil), p.Env...),
 			Cwd:             p.Cwd,
 			NoNewPrivileges: p.NoNewPrivileges,
+			Capabilities:    agentCapabilities(p.Capabilities),
+			Rlimits:         agentRlimits(p.Rlimits),
+			OOMScoreAdj:     int64(derefInt(p.OOMScoreAdj)),
 		},
 		Annotations: map[string]string{},
 	}
@@ -65,37 +73,103 @@ func agentSpec(s *specs.Spec, guestRoot string, readonly bool) (*pb.Spec, error)
 	for k, v := range s.Annotations {
 		out.Annotations[k] = v
 	}
-	for _, m := range s.Mounts {
-		// cgroup mounts belong to the host: the VM stands in for them.
-		if m.Type == "cgroup" || m.Type == "cgroup2" {
-			continue
-		}
-		bind := m.Type == "bind" || hasOption(m.Options, "bind") || hasOption(m.Options, "rbind")
-		// The pod's /dev/shm is the sandbox's ephemeral shm storage in the
-		// guest, as Kata does it, so the pod's containers share it.
-		if bind && m.Destination == "/dev/shm" {
-			out.Mounts = append(out.Mounts, &pb.Mount{Destination: m.Destination, Source: guestSandboxShm, Type: "bind", Options: []string{"rbind"}})
-			continue
-		}
-		// Other host binds cannot be honoured inside the guest as they are;
-		// the sandbox turns the ones it shares into guest paths before this.
-		if bind {
-			continue
-		}
-		out.Mounts = append(out.Mounts, &pb.Mount{Destination: m.Destination, Source: m.Source, Type: m.Type, Options: append([]string(nil), m.Options...)})
-	}
 	if s.Linux != nil {
 		out.Linux = &pb.Linux{
 			Sysctl:        s.Linux.Sysctl,
 			MaskedPaths:   append([]string(nil), s.Linux.MaskedPaths...),
 			ReadonlyPaths: append([]string(nil), s.Linux.ReadonlyPaths...),
 		}
+		out.Linux.CgroupsPath = s.Linux.CgroupsPath
+		out.Linux.Resources = AgentResources(s.Linux.Resources)
+		out.Linux.Seccomp = agentSeccomp(s.Linux.Seccomp)
 		for _, ns := range s.Linux.Namespaces {
 			// Namespace paths name host namespaces, meaningless in the guest.
 			out.Linux.Namespaces = append(out.Linux.Namespaces, &pb.LinuxNamespace{Type: string(ns.Type)})
 		}
 	}
 	return out, nil
+}
+
+// guestMountTypes are the filesystems a container mount may have besides
+// a bind: the ones the guest kernel makes itself.
+var guestMountTypes = map[string]bool{"proc": true, "sysfs": true, "tmpfs": true, "devpts": true, "mqueue": true}
+
+// mountSharer shares a container's host paths with the guest.
+type mountSharer interface {
+	// shareBind shares the mount's source and returns its guest path.
+	shareBind(m specs.Mount, o virtiofs.VolumeOptions) (string, error)
+	// memoryEmptyDir reports whether src is an emptyDir of medium
+	// Memory, with the group that owns it.
+	memoryEmptyDir(src string) (gid uint32, ok bool)
+}
+
+// guestMounts converts a container's OCI mounts, in order, into the
+// agent's: host binds become binds of their shared copies, an emptyDir of
+// medium Memory a guest tmpfs (Kata's ephemeral storage, returned as a
+// storage) and the pod's /dev/shm the sandbox's shm. A mount that cannot
+// be honoured is an error naming it; none is dropped but cgroup mounts,
+// for which the VM stands in.
+func guestMounts(mounts []specs.Mount, sh mountSharer) ([]*pb.Mount, []*pb.Storage, error) {
+	var out []*pb.Mount
+	var storages []*pb.Storage
+	for _, m := range mounts {
+		if m.Type == "cgroup" || m.Type == "cgroup2" {
+			continue
+		}
+		if !filepath.IsAbs(m.Destination) {
+			return nil, nil, fmt.Errorf("%s: the destination must be an absolute path", mountName(m))
+		}
+		opts := append([]string(nil), m.Options...)
+		bind := m.Type == "bind" || hasOption(m.Options, "bind") || hasOption(m.Options, "rbind")
+		if !bind {
+			if !guestMountTypes[m.Type] {
+				return nil, nil, fmt.Errorf("%s: type %q cannot be mounted in the guest: use a bind of a host path or one of proc, sysfs, tmpfs, devpts, mqueue", mountName(m), m.Type)
+			}
+			out = append(out, &pb.Mount{Destination: m.Destination, Source: m.Source, Type: m.Type, Options: opts})
+			continue
+		}
+		// The pod's /dev/shm is the sandbox's ephemeral shm storage in the
+		// guest, as Kata does it, so the pod's containers share it.
+		if m.Destination == "/dev/shm" {
+			out = append(out, &pb.Mount{Destination: m.Destination, Source: guestSandboxShm, Type: "bind", Options: []string{"rbind"}})
+			continue
+		}
+		if !filepath.IsAbs(m.Source) {
+			return nil, nil, fmt.Errorf("%s: a bind needs an absolute host path as its source", mountName(m))
+		}
+		readonly := readOnly(m.Options)
+		if gid, ok := sh.memoryEmptyDir(m.Source); ok {
+			// The containers of a pod share the emptyDir: same mount point.
+			mp := filepath.Join(guestEphemeral, filepath.Base(m.Source))
+			st := &pb.Storage{Driver: "ephemeral", Source: "tmpfs", Fstype: "tmpfs", MountPoint: mp}
+			if gid != 0 {
+				st.Options = []string{fmt.Sprintf("fsgid=%d", gid)}
+			}
+			storages = append(storages, st)
+			out = append(out, &pb.Mount{Destination: m.Destination, Source: mp, Type: "bind", Options: opts})
+			continue
+		}
+		src, err := sh.shareBind(m, virtiofs.VolumeOptions{Recursive: hasOption(m.Options, "rbind"), ReadOnly: readonly})
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", mountName(m), err)
+		}
+		out = append(out, &pb.Mount{Destination: m.Destination, Source: src, Type: "bind", Options: opts})
+	}
+	return out, storages, nil
+}
+
+// readOnly reads the options as mount(8) does: the last of ro and rw wins.
+func readOnly(opts []string) bool {
+	ro := false
+	for _, o := range opts {
+		switch o {
+		case "ro":
+			ro = true
+		case "rw":
+			ro = false
+		}
+	}
+	return ro
 }
 
 func hasOption(opts []string, o string) bool {

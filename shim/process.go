@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/fifo"
 	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/kata-fsx/kata-fsx/agent"
@@ -42,11 +43,46 @@ func (s procState) String() string {
 // exitSandboxFailed is the status of processes of a pod whose VM died.
 const exitSandboxFailed = 255
 
-// stdio are the fifo paths containerd gave for a process.
+// stdio are the fifo paths containerd gave for a process. A process with
+// a terminal has no stderr fifo: its terminal's output, in the guest a pty
+// master, is its stdout, and its stdin is typed into that terminal.
 type stdio struct {
 	stdin, stdout, stderr string
 	terminal              bool
 }
+
+// maxTerminalSide is the most rows or columns a terminal has (a winsize
+// field is 16 bits).
+const maxTerminalSide = 0xffff
+
+// checkTerminal checks a process's terminal request against its OCI
+// process: containerd made the fifos for one or the other, so they must
+// agree, and the console size must fit a terminal.
+func checkTerminal(terminal bool, p *specs.Process) error {
+	if p == nil {
+		return nil // the spec's own check names a missing process
+	}
+	if terminal != p.Terminal {
+		return fmt.Errorf("the request's terminal flag (%v) and the spec's process.terminal (%v) disagree; set both or neither", terminal, p.Terminal)
+	}
+	if terminal && p.ConsoleSize != nil {
+		if err := checkTerminalSize(uint32(min(p.ConsoleSize.Height, 1<<32-1)), uint32(min(p.ConsoleSize.Width, 1<<32-1))); err != nil {
+			return fmt.Errorf("process.consoleSize: %w", err)
+		}
+	}
+	return nil
+}
+
+// checkTerminalSize refuses a size no terminal can have.
+func checkTerminalSize(rows, cols uint32) error {
+	if rows > maxTerminalSide || cols > maxTerminalSide {
+		return fmt.Errorf("terminal size %dx%d (rows x columns) is out of range: at most %d of each", rows, cols, maxTerminalSide)
+	}
+	return nil
+}
+
+// terminalSize is a terminal's rows (Height) and columns (Width).
+type terminalSize struct{ Height, Width uint32 }
 
 // process is a task's init process or one of its execs, living in the guest.
 type process struct {
@@ -62,6 +98,10 @@ type process struct {
 	exitStatus uint32
 	exitedAt   time.Time
 	waitBlock  chan struct{} // closed once the process stopped
+	// inGuest is set once the agent started the process; until then a
+	// resize waits in pendingSize.
+	inGuest     bool
+	pendingSize *terminalSize
 
 	// stdin forwards the stdin fifo to the guest; nil without one.
 	stdin *stdinPump
@@ -93,6 +133,29 @@ func (p *process) setRunning() error {
 	}
 	p.state = procRunning
 	return nil
+}
+
+// deferResize keeps a terminal size for a process the agent has not
+// started yet, and reports whether it did (false: resize it in the guest).
+func (p *process) deferResize(rows, cols uint32) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.inGuest || p.state == procStopped {
+		return false
+	}
+	p.pendingSize = &terminalSize{Height: rows, Width: cols}
+	return true
+}
+
+// setStartedInGuest records that the agent started the process and
+// returns the size a resize asked for before, if any.
+func (p *process) setStartedInGuest() *terminalSize {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inGuest = true
+	size := p.pendingSize
+	p.pendingSize = nil
+	return size
 }
 
 // setExited records the exit once; it reports whether this call did.

@@ -74,6 +74,7 @@ type container struct {
 	init          *process
 	execs         map[string]*process
 	execSeq       uint64 // numbers exec processes so a reused exec id is new to the agent
+	paused        bool   // its cgroup in the guest is frozen (Pause); guarded by service.mu
 }
 
 type serviceOptions struct {
@@ -137,9 +138,6 @@ func (s *service) pid() uint32 { return uint32(os.Getpid()) }
 
 // Create creates a container: the pod's sandbox container boots the VM.
 func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *taskapi.CreateTaskResponse, err error) {
-	if r.Terminal {
-		return nil, errUnimplemented("container %s: terminals are not supported by kata-fsx yet; run without -t", r.ID)
-	}
 	if r.Checkpoint != "" || r.ParentCheckpoint != "" {
 		return nil, errUnimplemented("container %s: checkpoint/restore is not supported", r.ID)
 	}
@@ -148,6 +146,9 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 	}
 	spec, err := readBundleSpec(r.Bundle)
 	if err != nil {
+		return nil, errInvalid("container %s: %v", r.ID, err)
+	}
+	if err := checkTerminal(r.Terminal, spec.Process); err != nil {
 		return nil, errInvalid("container %s: %v", r.ID, err)
 	}
 	s.bootMu.Lock()
@@ -159,7 +160,7 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 		return nil, errAlreadyExists("container %s already exists", r.ID)
 	}
 	c := &container{id: r.ID, bundle: r.Bundle, spec: spec, execs: map[string]*process{},
-		init: newProcess(r.ID, "", r.ID, stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr})}
+		init: newProcess(r.ID, "", r.ID, stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal})}
 	mounts := make([]config.Mount, 0, len(r.Rootfs))
 	for _, m := range r.Rootfs {
 		mounts = append(mounts, config.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
@@ -253,7 +254,11 @@ func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskReques
 		}
 	}()
 	hostname := spec.Hostname
-	sb, err := sandbox.New(sbCtx, sandbox.Spec{ID: r.ID, Config: cfg, Annotations: spec.Annotations, Rootfs: rootfs, Hostname: hostname})
+	var res *specs.LinuxResources
+	if spec.Linux != nil {
+		res = spec.Linux.Resources
+	}
+	sb, err := sandbox.New(sbCtx, sandbox.Spec{ID: r.ID, Config: cfg, Annotations: spec.Annotations, Rootfs: rootfs, Hostname: hostname, Resources: res, NetNSPath: netNSPath(spec)})
 	close(booted)
 	if err != nil {
 		sbCancel()
@@ -272,6 +277,7 @@ func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskReques
 	s.sandbox, s.sbCancel = sb, sbCancel
 	s.mu.Unlock()
 	go s.watchSandbox(sb)
+	go s.forwardOOM(sb)
 	return sb, nil
 }
 
@@ -351,6 +357,12 @@ func (s *service) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.
 		if err := p.startIO(s.ctx, a); err != nil {
 			_ = a.SignalProcess(context.Background(), c.id, p.agentExecID, syscall.SIGKILL)
 			return nil, toStatus(err)
+		}
+	}
+	if size := p.setStartedInGuest(); size != nil {
+		// A resize that came before the process existed in the guest.
+		if err := a.TtyWinResize(ctx, c.id, p.agentExecID, size.Height, size.Width); err != nil {
+			s.log(c.id).WithError(err).Warnf("%s: resize terminal to %dx%d", describe(c.id, r.ExecID), size.Height, size.Width)
 		}
 	}
 	go s.waitExit(sb, p)
@@ -520,9 +532,6 @@ func (s *service) stopAll(ctx context.Context) {
 
 // Exec adds an exec process to a running container; Start starts it.
 func (s *service) Exec(ctx context.Context, r *taskapi.ExecProcessRequest) (*emptypb.Empty, error) {
-	if r.Terminal {
-		return nil, errUnimplemented("exec %s: terminals are not supported by kata-fsx yet; run without -t", r.ExecID)
-	}
 	if err := sandbox.ValidID(r.ExecID); err != nil {
 		return nil, errInvalid("exec id: %v", err)
 	}
@@ -532,6 +541,9 @@ func (s *service) Exec(ctx context.Context, r *taskapi.ExecProcessRequest) (*emp
 	var ps specs.Process
 	if err := json.Unmarshal(r.Spec.Value, &ps); err != nil {
 		return nil, errInvalid("exec %s: process spec: %v", r.ExecID, err)
+	}
+	if err := checkTerminal(r.Terminal, &ps); err != nil {
+		return nil, errInvalid("exec %s: %v", r.ExecID, err)
 	}
 	agentProcess, err := sandbox.ProcessSpec(&ps)
 	if err != nil {
@@ -550,7 +562,7 @@ func (s *service) Exec(ctx context.Context, r *taskapi.ExecProcessRequest) (*emp
 		return nil, errAlreadyExists("exec %s already exists in container %s", r.ExecID, r.ID)
 	}
 	c.execSeq++
-	p := newProcess(r.ID, r.ExecID, fmt.Sprintf("%s.%d", r.ExecID, c.execSeq), stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr})
+	p := newProcess(r.ID, r.ExecID, fmt.Sprintf("%s.%d", r.ExecID, c.execSeq), stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal})
 	c.execs[r.ExecID] = p
 	p.agentProcess = agentProcess
 	s.opts.events.send(&eventsapi.TaskExecAdded{ContainerID: r.ID, ExecID: r.ExecID})
@@ -573,6 +585,9 @@ func (s *service) State(ctx context.Context, r *taskapi.StateRequest) (*taskapi.
 		resp.Status = tasktypes.Status_CREATED
 	case procRunning:
 		resp.Status = tasktypes.Status_RUNNING
+		if s.isPaused(c) {
+			resp.Status = tasktypes.Status_PAUSED
+		}
 	case procStopped:
 		resp.Status = tasktypes.Status_STOPPED
 		resp.ExitStatus = code
@@ -618,15 +633,40 @@ func (s *service) Kill(ctx context.Context, r *taskapi.KillRequest) (*emptypb.Em
 	return &emptypb.Empty{}, nil
 }
 
-// ResizePty refuses: kata-fsx does not give processes terminals yet.
+// ResizePty resizes a process's terminal in the guest (the agent's
+// TtyWinResize); a process not started yet gets the size when it starts.
 func (s *service) ResizePty(ctx context.Context, r *taskapi.ResizePtyRequest) (*emptypb.Empty, error) {
-	if _, _, err := s.lookup(r.ID, r.ExecID); err != nil {
+	_, p, err := s.lookup(r.ID, r.ExecID)
+	if err != nil {
 		return nil, err
 	}
-	return nil, errUnimplemented("%s has no terminal: kata-fsx does not support terminals yet", describe(r.ID, r.ExecID))
+	if !p.io.terminal {
+		return nil, errPrecondition("%s has no terminal to resize: it was created without one (ctr -t, crictl -t give one)", describe(r.ID, r.ExecID))
+	}
+	if err := checkTerminalSize(r.Height, r.Width); err != nil {
+		return nil, errInvalid("%s: %v", describe(r.ID, r.ExecID), err)
+	}
+	if p.deferResize(r.Height, r.Width) {
+		return &emptypb.Empty{}, nil
+	}
+	if st, _, _ := p.status(); st == procStopped {
+		return nil, errNotFound("%s: process already finished", describe(r.ID, r.ExecID))
+	}
+	sb := s.currentSandbox()
+	if sb == nil || sb.Err() != nil {
+		return nil, errPrecondition("%s: the pod VM is gone", describe(r.ID, r.ExecID))
+	}
+	if err := sb.Agent().TtyWinResize(ctx, p.containerID, p.agentExecID, r.Height, r.Width); err != nil {
+		if st, _, _ := p.status(); st == procStopped {
+			return nil, errNotFound("%s: process already finished", describe(r.ID, r.ExecID))
+		}
+		return nil, toStatus(sb.Explain(err))
+	}
+	return &emptypb.Empty{}, nil
 }
 
-// CloseIO closes a process's stdin in the guest.
+// CloseIO closes a process's stdin in the guest (on a terminal, the agent
+// types the terminal's end-of-file character: closing it would hang it up).
 func (s *service) CloseIO(ctx context.Context, r *taskapi.CloseIORequest) (*emptypb.Empty, error) {
 	_, p, err := s.lookup(r.ID, r.ExecID)
 	if err != nil {
@@ -666,12 +706,26 @@ func (s *service) Wait(ctx context.Context, r *taskapi.WaitRequest) (*taskapi.Wa
 	return &taskapi.WaitResponse{ExitStatus: code, ExitedAt: timestamppb.New(at)}, nil
 }
 
-// Stats returns no metrics: the guest's cgroups are not exported yet.
+// Stats returns the container cgroup's metrics in the guest, as
+// containerd's cgroup v2 metrics.
 func (s *service) Stats(ctx context.Context, r *taskapi.StatsRequest) (*taskapi.StatsResponse, error) {
-	if _, _, err := s.lookup(r.ID, ""); err != nil {
+	c, _, err := s.lookup(r.ID, "")
+	if err != nil {
 		return nil, err
 	}
-	return &taskapi.StatsResponse{}, nil
+	sb, err := s.runningSandbox(c.id)
+	if err != nil {
+		return nil, err
+	}
+	st, err := sb.Agent().StatsContainer(ctx, c.id)
+	if err != nil {
+		return nil, toStatus(sb.Explain(err))
+	}
+	data, err := marshalMetrics(cgroupMetrics(st))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &taskapi.StatsResponse{Stats: data}, nil
 }
 
 // Connect tells containerd the shim's pid.
@@ -691,14 +745,15 @@ func (s *service) Shutdown(ctx context.Context, r *taskapi.ShutdownRequest) (*em
 	return &emptypb.Empty{}, nil
 }
 
-// Pause is not supported: the VM could be paused, but not one container.
+// Pause freezes the container's cgroup in the guest: one container of the
+// pod, as containerd means it, not the VM.
 func (s *service) Pause(ctx context.Context, r *taskapi.PauseRequest) (*emptypb.Empty, error) {
-	return nil, errUnimplemented("pause is not supported by kata-fsx")
+	return s.setPaused(ctx, r.ID, true)
 }
 
-// Resume is not supported, as Pause is not.
+// Resume thaws a paused container.
 func (s *service) Resume(ctx context.Context, r *taskapi.ResumeRequest) (*emptypb.Empty, error) {
-	return nil, errUnimplemented("resume is not supported by kata-fsx")
+	return s.setPaused(ctx, r.ID, false)
 }
 
 // Checkpoint is not supported.
@@ -706,9 +761,25 @@ func (s *service) Checkpoint(ctx context.Context, r *taskapi.CheckpointTaskReque
 	return nil, errUnimplemented("checkpoint is not supported by kata-fsx")
 }
 
-// Update is not supported: guest resources are fixed at boot.
+// Update rewrites the container's cgroup limits in the guest (the VM's
+// own size stays as booted).
 func (s *service) Update(ctx context.Context, r *taskapi.UpdateTaskRequest) (*emptypb.Empty, error) {
-	return nil, errUnimplemented("update is not supported by kata-fsx")
+	c, _, err := s.lookup(r.ID, "")
+	if err != nil {
+		return nil, err
+	}
+	res, err := updateResources(r.Resources)
+	if err != nil {
+		return nil, errInvalid("update %s: %v", r.ID, err)
+	}
+	sb, err := s.runningSandbox(c.id)
+	if err != nil {
+		return nil, err
+	}
+	if err := sb.Agent().UpdateContainer(ctx, c.id, sandbox.AgentResources(res)); err != nil {
+		return nil, toStatus(sb.Explain(err))
+	}
+	return &emptypb.Empty{}, nil
 }
 
 // bundleRootfs is the host directory of a container's rootfs: where

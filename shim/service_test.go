@@ -17,6 +17,7 @@ import (
 	taskv3 "github.com/containerd/containerd/api/runtime/task/v3"
 	evttrpc "github.com/containerd/containerd/api/services/ttrpc/events/v1"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
+	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -225,9 +226,6 @@ func TestServiceRefusals(t *testing.T) {
 	if _, err := s.Kill(ctx, &taskapi.KillRequest{ID: "nope", Signal: 9}); code(err) != codes.NotFound {
 		t.Errorf("Kill of unknown task: %v", err)
 	}
-	if _, err := s.Create(ctx, &taskapi.CreateTaskRequest{ID: "c1", Terminal: true}); code(err) != codes.Unimplemented {
-		t.Errorf("Create with a terminal: %v", err)
-	}
 	if _, err := s.Create(ctx, &taskapi.CreateTaskRequest{ID: "c1", Bundle: t.TempDir()}); code(err) != codes.InvalidArgument {
 		t.Errorf("Create without config.json: %v", err)
 	}
@@ -237,14 +235,20 @@ func TestServiceRefusals(t *testing.T) {
 	if _, err := s.Exec(ctx, &taskapi.ExecProcessRequest{ID: "c1", ExecID: "e", Spec: &anypb.Any{Value: []byte(`{`)}}); code(err) != codes.InvalidArgument {
 		t.Errorf("Exec with a broken spec: %v", err)
 	}
-	if _, err := s.Exec(ctx, &taskapi.ExecProcessRequest{ID: "c1", ExecID: "e", Terminal: true}); code(err) != codes.Unimplemented {
-		t.Errorf("Exec with a terminal: %v", err)
-	}
 	if _, err := s.ResizePty(ctx, &taskapi.ResizePtyRequest{ID: "nope"}); code(err) != codes.NotFound {
 		t.Errorf("ResizePty of unknown task: %v", err)
 	}
-	if _, err := s.Pause(ctx, &taskapi.PauseRequest{ID: "c1"}); code(err) != codes.Unimplemented {
-		t.Errorf("Pause: %v", err)
+	if _, err := s.Pause(ctx, &taskapi.PauseRequest{ID: "c1"}); code(err) != codes.NotFound {
+		t.Errorf("Pause of unknown task: %v", err)
+	}
+	if _, err := s.Resume(ctx, &taskapi.ResumeRequest{ID: "c1"}); code(err) != codes.NotFound {
+		t.Errorf("Resume of unknown task: %v", err)
+	}
+	if _, err := s.Update(ctx, &taskapi.UpdateTaskRequest{ID: "c1"}); code(err) != codes.NotFound {
+		t.Errorf("Update of unknown task: %v", err)
+	}
+	if _, err := s.Stats(ctx, &taskapi.StatsRequest{ID: "c1"}); code(err) != codes.NotFound {
+		t.Errorf("Stats of unknown task: %v", err)
 	}
 	select {
 	case <-s.Done():
@@ -255,6 +259,75 @@ func TestServiceRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-s.Done()
+}
+
+// TestTerminalRequests: a terminal is given when containerd's flag and the
+// spec agree and its size fits; anything else is refused before a VM boots.
+func TestTerminalRequests(t *testing.T) {
+	s := newTestService(t)
+	ctx := context.Background()
+	bundle := func(process string) string {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(`{"ociVersion":"1.0.2","process":`+process+`,"root":{"path":"rootfs"}}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	for _, c := range []struct {
+		name     string
+		terminal bool
+		process  string
+		want     string
+	}{
+		{"flag without the spec's terminal", true, `{"args":["sh"],"cwd":"/"}`, "disagree"},
+		{"spec's terminal without the flag", false, `{"terminal":true,"args":["sh"],"cwd":"/"}`, "disagree"},
+		{"console size out of range", true, `{"terminal":true,"consoleSize":{"height":70000,"width":80},"args":["sh"],"cwd":"/"}`, "70000x80"},
+	} {
+		_, err := s.Create(ctx, &taskapi.CreateTaskRequest{ID: "c1", Bundle: bundle(c.process), Terminal: c.terminal})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Create, %s: %v, want InvalidArgument naming %q", c.name, err, c.want)
+		}
+		_, err = s.Exec(ctx, &taskapi.ExecProcessRequest{ID: "c1", ExecID: "e", Spec: &anypb.Any{Value: []byte(c.process)}, Terminal: c.terminal})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Exec, %s: %v, want InvalidArgument naming %q", c.name, err, c.want)
+		}
+	}
+	if len(s.containers) != 0 || s.sandbox != nil {
+		t.Fatal("a refused terminal request created something")
+	}
+	// An agreeing request passes the check and fails only for the missing container.
+	_, err := s.Exec(ctx, &taskapi.ExecProcessRequest{ID: "c1", ExecID: "e", Spec: &anypb.Any{Value: []byte(`{"terminal":true,"consoleSize":{"height":24,"width":80},"args":["sh"],"cwd":"/"}`)}, Terminal: true})
+	if status.Code(err) != codes.NotFound {
+		t.Errorf("Exec with a terminal in an unknown container: %v, want NotFound", err)
+	}
+
+	// Resizes of processes that exist only in the shim: none needs the VM.
+	s.containers["c1"] = &container{id: "c1", init: newProcess("c1", "", "c1", stdio{stdout: "out", terminal: true}), execs: map[string]*process{
+		"piped": newProcess("c1", "piped", "piped.1", stdio{stdout: "out", stderr: "err"}),
+	}}
+	if _, err := s.ResizePty(ctx, &taskapi.ResizePtyRequest{ID: "c1", ExecID: "piped", Width: 80, Height: 24}); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "no terminal") {
+		t.Errorf("resize of an exec without a terminal: %v", err)
+	}
+	if _, err := s.ResizePty(ctx, &taskapi.ResizePtyRequest{ID: "c1", Width: 80, Height: 1 << 16}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("resize out of range: %v", err)
+	}
+	// Before the agent started the process, the last size waits for it.
+	for _, sz := range [][2]uint32{{24, 80}, {50, 132}} {
+		if _, err := s.ResizePty(ctx, &taskapi.ResizePtyRequest{ID: "c1", Height: sz[0], Width: sz[1]}); err != nil {
+			t.Fatalf("resize of a created process: %v", err)
+		}
+	}
+	init := s.containers["c1"].init
+	if got := init.setStartedInGuest(); got == nil || *got != (terminalSize{Height: 50, Width: 132}) {
+		t.Errorf("size kept for the start: %v, want 50x132", got)
+	}
+	if got := init.setStartedInGuest(); got != nil {
+		t.Errorf("the kept size was handed out twice: %v", got)
+	}
+	init.setExited(0)
+	if _, err := s.ResizePty(ctx, &taskapi.ResizePtyRequest{ID: "c1", Height: 24, Width: 80}); status.Code(err) != codes.NotFound {
+		t.Errorf("resize of a finished process: %v, want NotFound", err)
+	}
 }
 
 func TestShutdownWaitsForContainers(t *testing.T) {
@@ -409,5 +482,41 @@ func TestBundleRootfs(t *testing.T) {
 		if got := bundleRootfs("/b", &specs.Spec{Root: tc.root}, tc.hasMounts); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
+	}
+}
+
+func TestPauseUpdateStatsRefusals(t *testing.T) {
+	s := newTestService(t)
+	ctx := context.Background()
+	code := func(err error) codes.Code { return status.Code(err) }
+	c := &container{id: "c1", execs: map[string]*process{}, init: newProcess("c1", "", "c1", stdio{})}
+	s.containers["c1"] = c
+	if _, err := s.Pause(ctx, &taskapi.PauseRequest{ID: "c1"}); code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "created state") {
+		t.Errorf("Pause of a created task: %v", err)
+	}
+	if err := c.init.setRunning(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Resume(ctx, &taskapi.ResumeRequest{ID: "c1"}); code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "running already") {
+		t.Errorf("Resume of a running task: %v", err)
+	}
+	if _, err := s.Pause(ctx, &taskapi.PauseRequest{ID: "c1"}); code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "no sandbox") {
+		t.Errorf("Pause without a sandbox: %v", err)
+	}
+	if _, err := s.Update(ctx, &taskapi.UpdateTaskRequest{ID: "c1"}); code(err) != codes.InvalidArgument {
+		t.Errorf("Update without resources: %v", err)
+	}
+	if _, err := s.Update(ctx, &taskapi.UpdateTaskRequest{ID: "c1", Resources: &anypb.Any{Value: []byte(`{"memory":`)}}); code(err) != codes.InvalidArgument {
+		t.Errorf("Update with broken resources: %v", err)
+	}
+	if _, err := s.Stats(ctx, &taskapi.StatsRequest{ID: "c1"}); code(err) != codes.FailedPrecondition {
+		t.Errorf("Stats without a sandbox: %v", err)
+	}
+	if st, err := s.State(ctx, &taskapi.StateRequest{ID: "c1"}); err != nil || st.Status != tasktypes.Status_RUNNING {
+		t.Errorf("State: %v %v", st, err)
+	}
+	c.paused = true
+	if st, err := s.State(ctx, &taskapi.StateRequest{ID: "c1"}); err != nil || st.Status != tasktypes.Status_PAUSED {
+		t.Errorf("State of a paused task: %v %v", st, err)
 	}
 }

@@ -81,13 +81,25 @@ func (s *SharedDir) Unbind(cid string) error {
 	return removeEmptyTree(dir)
 }
 
-// Cleanup unmounts every container bind and the shared directory itself and
-// removes it. Nothing under it is deleted that is not an empty directory, so
+// Cleanup unmounts every container bind and volume and the shared
+// directory itself and removes it. Nothing under it is deleted that is not an empty directory, so
 // a bind that failed to unmount never costs a container's files.
 func (s *SharedDir) Cleanup() error {
+	// Volume binds go first: walking the tree with a host directory still
+	// bound below it could remove that directory's empty subdirectories.
+	if err := unmountBelow(s.Root); err != nil {
+		return err
+	}
 	entries, _ := os.ReadDir(s.Root)
 	var errs []error
 	for _, e := range entries {
+		if !e.IsDir() {
+			// A single-file volume's mount point.
+			if err := removeMountPoint(filepath.Join(s.Root, e.Name())); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
 		if err := s.Unbind(e.Name()); err != nil {
 			errs = append(errs, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -419,17 +420,7 @@ func (d *device) runRX(q *vu.Queue) {
 				case chain.ReadLen != 0 || chain.WriteLen < hdrSize:
 					d.logf("vsock: rx buffer with %d readable and %d writable bytes dropped", chain.ReadLen, chain.WriteLen)
 				default:
-					hdr, c, p1, p2, ok := d.nextPacket(chain.WriteLen - hdrSize)
-					if ok {
-						hdr.encode(hb[:])
-						scatter(chain.Writable, 0, hb[:])
-						scatter(chain.Writable, hdrSize, p1)
-						scatter(chain.Writable, hdrSize+uint32(len(p1)), p2)
-						used = hdrSize + hdr.len
-						if c != nil {
-							d.sent(c, hdr.len)
-						}
-					}
+					used = d.fillRX(&chain, &hb)
 				}
 				d.mu.Unlock()
 				if vq.PushUsed(chain.Head, used) != nil {
@@ -454,6 +445,33 @@ func (d *device) runRX(q *vu.Queue) {
 			return
 		}
 	}
+}
+
+// fillRX writes the next pending packet into an rx chain and returns the
+// used length. Called with mu held. A fault on the chain's guest memory
+// (virtq.ErrFault) returns it empty instead of killing the shim: a data
+// packet stays queued (it is consumed only once copied), a control packet
+// is lost, as on a guest that stopped reading.
+func (d *device) fillRX(chain *virtq.Chain, hb *[hdrSize]byte) (used uint32) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			d.logf("vsock: rx buffer returned empty: %v", virtq.FaultError(r))
+			used = 0
+		}
+	}()
+	hdr, c, p1, p2, ok := d.nextPacket(chain.WriteLen - hdrSize)
+	if !ok {
+		return 0
+	}
+	hdr.encode(hb[:])
+	scatter(chain.Writable, 0, hb[:])
+	scatter(chain.Writable, hdrSize, p1)
+	scatter(chain.Writable, hdrSize+uint32(len(p1)), p2)
+	if c != nil {
+		d.sent(c, hdr.len)
+	}
+	return hdrSize + hdr.len
 }
 
 // runTX handles the packets the guest sends.
@@ -509,8 +527,24 @@ func (d *device) runTX(q *vu.Queue) {
 	}
 }
 
-// handleChain parses and handles one transmitted packet.
+// handleChain parses and handles one transmitted packet. A fault on the
+// chain's guest memory (virtq.ErrFault) drops the packet and resets the
+// connection it was for, instead of killing the shim.
 func (d *device) handleChain(chain *virtq.Chain) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	var h header
+	valid := false
+	defer func() {
+		// The deferred unlock below has run: mu is free here.
+		if r := recover(); r != nil {
+			d.logf("vsock: packet dropped: %v", virtq.FaultError(r))
+			if valid {
+				d.mu.Lock()
+				d.refuse(&h)
+				d.mu.Unlock()
+			}
+		}
+	}()
 	h, valid, err := parsePacket(chain.Readable, chain.ReadLen, chain.WriteLen)
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -674,8 +708,7 @@ func (d *device) runEvent(q *vu.Queue) {
 			}
 			if ok {
 				used := uint32(0)
-				if err == nil && chain.ReadLen == 0 && chain.WriteLen >= eventSize {
-					scatter(chain.Writable, 0, ev[:])
+				if err == nil && chain.ReadLen == 0 && chain.WriteLen >= eventSize && d.putEvent(&chain, ev[:]) {
 					used = eventSize
 					d.mu.Lock()
 					d.resetPending = false
@@ -704,4 +737,18 @@ func (d *device) runEvent(q *vu.Queue) {
 			return
 		}
 	}
+}
+
+// putEvent writes ev into an event chain, reporting false when its guest
+// memory faulted (virtq.ErrFault).
+func (d *device) putEvent(chain *virtq.Chain, ev []byte) (ok bool) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			d.logf("vsock: event buffer returned empty: %v", virtq.FaultError(r))
+			ok = false
+		}
+	}()
+	scatter(chain.Writable, 0, ev)
+	return true
 }

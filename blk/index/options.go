@@ -2,9 +2,10 @@ package index
 
 import "path/filepath"
 
-// DefaultMaxBlobSize bounds one uncompressed layer unless Options says
-// otherwise; it stops decompression bombs from filling the cache disk.
-const DefaultMaxBlobSize = 64 << 30
+// DefaultMaxBlobSize is the per-layer inflated-bytes budget unless Options
+// says otherwise: it stops a decompression bomb from filling the cache
+// disk, while the largest real layers (CUDA and ML runtimes) are a few GiB.
+const DefaultMaxBlobSize = 16 << 30
 
 // Options tunes index building for every source. The zero value is usable:
 // no cache, default limits.
@@ -14,13 +15,16 @@ type Options struct {
 	// without it does not cache; oci.FromOCI requires it.
 	CacheDir string
 	// LayerKeys, when set, has one caller-chosen cache key per FromLayers
-	// layer (e.g. a containerd snapshot ID); an empty key falls back to the
-	// layer directory's path, device, inode and ctime.
+	// layer (e.g. a committed containerd snapshot's ID); a key vouches that
+	// the layer never changes. A layer with an empty key is mutable (an
+	// upperdir, a bind-mounted rootfs) and is never cached.
 	LayerKeys []string
 	// MaxEntries bounds the entries of any one layer and of the merged
 	// tree; zero means DefaultMaxEntries.
 	MaxEntries int
-	// MaxBlobSize bounds one uncompressed layer; zero means DefaultMaxBlobSize.
+	// MaxBlobSize is the per-layer inflated-bytes budget: the most bytes one
+	// layer may inflate to (the blob cache's file for it); zero means
+	// DefaultMaxBlobSize.
 	MaxBlobSize int64
 	// Stats, when non-nil, receives counters of the work done; it is not
 	// safe to share between concurrent calls.

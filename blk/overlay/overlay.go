@@ -9,6 +9,16 @@
 // write-zeroes that completed before Flush was called survives a kill -9 of
 // the process and a reopen of the same overlay. A block's dirty bit reaches
 // the bitmap file only after its data has been fdatasync'ed.
+//
+// A failed flush poisons the device: after an fdatasync error the kernel
+// may have dropped the dirty pages and reports success next time, so a
+// later Flush could claim blocks durable that are lost. Every later Flush
+// and write fails with ErrPoisoned until the overlay is reopened, which
+// checks the bitmap again and goes on from the last successful Flush.
+// A bitmap that is missing or fails its checksums is refused on Open
+// (ErrMissingBitmap, ErrCorrupt) and left as it is: it never turns back
+// into an empty overlay, which would silently read the guest's writes as
+// base data.
 package overlay
 
 import (
@@ -17,6 +27,7 @@ import (
 	"io"
 	"math/bits"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -40,14 +51,18 @@ const lockStripes = 256
 // large writes do not serialize on the stripe locks.
 const lockUnitShift = 16
 
-// pageWords is how many bitmap words are tracked (and rewritten) as one unit on Flush.
-const pageWords = 512
-
 // ErrReadOnly reports a write to a device opened read-only.
 var ErrReadOnly = errors.New("overlay: device is read-only")
 
 // ErrOutOfRange reports an access beyond the end of the disk or at a negative offset.
 var ErrOutOfRange = errors.New("overlay: access out of range")
+
+// ErrPoisoned reports a device on which a Flush failed: nothing written
+// since the last successful Flush can be made durable any more.
+var ErrPoisoned = errors.New("overlay: an earlier flush failed, so writes since the last successful flush may be lost; close and reopen the overlay to go on from that flush")
+
+// ErrMissingBitmap reports an overlay whose dirty bitmap file is gone.
+var ErrMissingBitmap = errors.New("overlay: dirty bitmap missing")
 
 // ErrClosed reports use of a closed device.
 var ErrClosed = errors.New("overlay: device is closed")
@@ -107,6 +122,10 @@ type Device struct {
 	pieces  sync.Pool // *[][]byte, a vectored read's runs for the base
 	flushMu sync.Mutex
 	closed  atomic.Bool
+	poison  atomic.Pointer[error] // the error of the first failed Flush
+
+	// datasync is fdatasync(2); tests inject failures through it.
+	datasync func(*os.File) error
 }
 
 // Open opens (or creates) the overlay for a disk of size bytes whose unwritten
@@ -139,7 +158,8 @@ func Open(base io.ReaderAt, size int64, overlayPath string, opts Options) (*Devi
 	}
 	nwords := h.bitmapLen / 8
 	d.words = make([]atomic.Uint64, nwords)
-	d.changed = make([]atomic.Bool, (nwords+pageWords-1)/pageWords)
+	d.changed = make([]atomic.Bool, bitmapPages(nwords))
+	d.datasync = func(f *os.File) error { return unix.Fdatasync(int(f.Fd())) }
 	d.scratch.New = func() any { b := make([]byte, bs); return &b }
 	d.iovs.New = func() any { v := make([]unix.Iovec, 0, 256); return &v }
 	d.pieces.New = func() any { v := make([][]byte, 0, 256); return &v }
@@ -169,25 +189,30 @@ func (d *Device) openFiles(path string, h header) error {
 		}
 		d.ov = ov
 		bm, err := os.Open(bmPath)
+		if errors.Is(err, os.ErrNotExist) {
+			return missingBitmap(path, bmPath)
+		}
 		if err != nil {
 			return fmt.Errorf("overlay: open bitmap read-only: %w", err)
 		}
 		defer bm.Close()
-		return d.loadBitmap(bm, h)
+		_, err = d.loadBitmap(bm, bmPath, h)
+		return err
 	}
 
-	ov, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return fmt.Errorf("overlay: open overlay: %w", err)
-	}
-	d.ov = ov
 	bm, err := os.OpenFile(bmPath, os.O_RDWR, 0)
 	switch {
 	case err == nil:
 		d.bm = bm
-		if err := d.loadBitmap(bm, h); err != nil {
+		version, err := d.loadBitmap(bm, bmPath, h)
+		if err != nil {
 			return err
 		}
+		ov, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("overlay: open overlay data beside bitmap %s: %w", bmPath, err)
+		}
+		d.ov = ov
 		st, err := ov.Stat()
 		if err != nil {
 			return fmt.Errorf("overlay: stat overlay: %w", err)
@@ -195,19 +220,56 @@ func (d *Device) openFiles(path string, h header) error {
 		if st.Size() != d.size {
 			return fmt.Errorf("%w: overlay file is %d bytes, disk is %d", ErrMismatch, st.Size(), d.size)
 		}
+		if version != headerVersion {
+			// Rewrite the bits just read, now with checksums.
+			if err := d.installBitmap(bmPath, h); err != nil {
+				return fmt.Errorf("overlay: convert bitmap %s from version %d: %w", bmPath, version, err)
+			}
+		}
 		return nil
 	case errors.Is(err, os.ErrNotExist):
-		// No bitmap: whatever the overlay holds was never acknowledged by a
-		// Flush, so start from a clean slate.
+		// A fresh overlay, or one whose creation was interrupted (its
+		// bitmap's temporary file, made first, is still there): neither
+		// holds anything a Flush acknowledged. Overlay data without either
+		// is an overlay that lost its bitmap.
+		_, derr := os.Lstat(path)
+		_, terr := os.Lstat(bmPath + ".tmp")
+		switch {
+		case derr == nil && terr != nil:
+			return missingBitmap(path, bmPath)
+		case derr != nil && !errors.Is(derr, os.ErrNotExist):
+			return fmt.Errorf("overlay: %w", derr)
+		}
 		return d.create(path, bmPath, h)
 	default:
 		return fmt.Errorf("overlay: open bitmap: %w", err)
 	}
 }
 
-// create makes a fresh overlay + bitmap. The bitmap appears under its final
-// name only once complete, so a crash leaves either no bitmap or a valid one.
+func missingBitmap(path, bmPath string) error {
+	return fmt.Errorf("%w: %s is gone but the overlay data %s is there; the bitmap says which blocks the guest wrote, and without it they would read as base data: "+
+		"restore %s, or remove %s to start the disk over from its base (the guest's changes are lost)", ErrMissingBitmap, bmPath, path, bmPath, path)
+}
+
+// create makes a fresh overlay + bitmap. The bitmap's temporary file is
+// made first and renamed to its final name only once complete, so a crash
+// leaves either a valid pair or a temporary file that marks the creation
+// as unfinished.
 func (d *Device) create(path, bmPath string, h header) error {
+	tmp := bmPath + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("overlay: create bitmap: %w", err)
+	}
+	f.Close()
+	if err := syncDir(bmPath); err != nil {
+		return err
+	}
+	ov, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("overlay: open overlay: %w", err)
+	}
+	d.ov = ov
 	if err := d.ov.Truncate(0); err != nil {
 		return fmt.Errorf("overlay: truncate overlay: %w", err)
 	}
@@ -217,36 +279,71 @@ func (d *Device) create(path, bmPath string, h header) error {
 	if err := d.ov.Sync(); err != nil {
 		return fmt.Errorf("overlay: sync overlay: %w", err)
 	}
+	return d.installBitmap(bmPath, h)
+}
+
+// installBitmap writes a complete version-2 bitmap file of d.words under a
+// temporary name, syncs it and renames it to bmPath (so a crash leaves the
+// old file or the new one), and makes it d.bm.
+func (d *Device) installBitmap(bmPath string, h header) error {
 	tmp := bmPath + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return fmt.Errorf("overlay: create bitmap: %w", err)
 	}
-	var hb [headerLen]byte
-	h.encode(hb[:])
-	if _, err := f.WriteAt(hb[:], 0); err != nil {
-		f.Close()
-		return fmt.Errorf("overlay: write bitmap header: %w", err)
+	h.version = headerVersion
+	hb := make([]byte, headerRegion)
+	h.encode(hb)
+	err = writeAll(f, hb, 0)
+	// Pages go out in batches of 1 MiB.
+	const batch = 256
+	buf := make([]byte, batch*bitmapPageSize)
+	words := make([]uint64, pageWords)
+	npages := uint64(len(d.changed))
+	for p := uint64(0); p < npages && err == nil; p += batch {
+		n := min(batch, npages-p)
+		for k := range n {
+			lo := (p + k) * pageWords
+			hi := min(lo+pageWords, uint64(len(d.words)))
+			for w := lo; w < hi; w++ {
+				words[w-lo] = d.words[w].Load()
+			}
+			encodePage(buf[k*bitmapPageSize:], uint32(p+k), words[:hi-lo])
+		}
+		err = writeAll(f, buf[:n*bitmapPageSize], headerRegion+int64(p)*bitmapPageSize)
 	}
-	if err := f.Truncate(int64(h.bitmapOff + h.bitmapLen)); err != nil {
-		f.Close()
-		return fmt.Errorf("overlay: size bitmap: %w", err)
+	if err == nil {
+		err = f.Sync()
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("overlay: sync bitmap: %w", err)
+	if err == nil {
+		err = os.Rename(tmp, bmPath)
 	}
-	if err := os.Rename(tmp, bmPath); err != nil {
+	if err != nil {
 		f.Close()
-		return fmt.Errorf("overlay: install bitmap: %w", err)
+		return fmt.Errorf("overlay: write bitmap %s: %w", bmPath, err)
+	}
+	if d.bm != nil {
+		d.bm.Close()
 	}
 	d.bm = f
-	if dir, err := os.Open(dirOf(bmPath)); err == nil {
-		err = dir.Sync()
-		dir.Close()
-		if err != nil {
-			return fmt.Errorf("overlay: sync overlay directory: %w", err)
-		}
+	return syncDir(bmPath)
+}
+
+func writeAll(f *os.File, b []byte, off int64) error {
+	_, err := f.WriteAt(b, off)
+	return err
+}
+
+// syncDir makes the directory entries of p's directory durable.
+func syncDir(p string) error {
+	dir, err := os.Open(dirOf(p))
+	if err != nil {
+		return fmt.Errorf("overlay: open overlay directory: %w", err)
+	}
+	err = dir.Sync()
+	dir.Close()
+	if err != nil {
+		return fmt.Errorf("overlay: sync overlay directory: %w", err)
 	}
 	return nil
 }
@@ -263,56 +360,82 @@ func dirOf(p string) string {
 	return "."
 }
 
-func (d *Device) loadBitmap(f *os.File, want header) error {
+// loadBitmap reads and checks the bitmap file's header and bits into
+// d.words and returns the file's format version.
+func (d *Device) loadBitmap(f *os.File, bmPath string, want header) (uint32, error) {
 	var hb [headerLen]byte
 	if _, err := f.ReadAt(hb[:], 0); err != nil {
-		return fmt.Errorf("%w: read header: %w", ErrCorrupt, err)
+		return 0, fmt.Errorf("%w: %s: read header: %w", ErrCorrupt, bmPath, err)
 	}
 	h, err := decodeHeader(hb[:])
 	if err != nil {
-		return err
+		return 0, fmt.Errorf("%s: %w%s", bmPath, err, corruptFix(bmPath))
 	}
 	if h.diskSize != want.diskSize || h.blockSize != want.blockSize {
-		return fmt.Errorf("%w: bitmap is for %d bytes in %d-byte blocks, disk is %d bytes in %d-byte blocks",
+		return 0, fmt.Errorf("%w: bitmap is for %d bytes in %d-byte blocks, disk is %d bytes in %d-byte blocks",
 			ErrMismatch, h.diskSize, h.blockSize, want.diskSize, want.blockSize)
 	}
-	buf := make([]byte, h.bitmapLen)
-	if _, err := f.ReadAt(buf, int64(h.bitmapOff)); err != nil {
-		return fmt.Errorf("%w: read bitmap: %w", ErrCorrupt, err)
+	if h.version == 1 {
+		buf := make([]byte, h.bitmapLen)
+		if _, err := f.ReadAt(buf, int64(h.bitmapOff)); err != nil {
+			return 0, fmt.Errorf("%w: %s: read bitmap: %w%s", ErrCorrupt, bmPath, err, corruptFix(bmPath))
+		}
+		for i := range d.words {
+			d.words[i].Store(le64(buf[i*8:]))
+		}
+	} else if err := d.loadPages(f, bmPath); err != nil {
+		return 0, err
 	}
-	if err := decodeBitmap(buf, d.words, d.nblocks); err != nil {
-		return err
+	if rem := d.nblocks % 64; rem != 0 && len(d.words) > 0 {
+		if d.words[len(d.words)-1].Load()>>rem != 0 {
+			return 0, fmt.Errorf("%w: %s: bits set past the last block%s", ErrCorrupt, bmPath, corruptFix(bmPath))
+		}
+	}
+	return h.version, nil
+}
+
+// loadPages reads the version-2 pages into d.words, checking each.
+func (d *Device) loadPages(f *os.File, bmPath string) error {
+	const batch = 256
+	buf := make([]byte, batch*bitmapPageSize)
+	npages := uint64(len(d.changed))
+	for p := uint64(0); p < npages; p += batch {
+		n := min(batch, npages-p)
+		if _, err := f.ReadAt(buf[:n*bitmapPageSize], headerRegion+int64(p)*bitmapPageSize); err != nil {
+			return fmt.Errorf("%w: %s: read pages %d..%d: %w%s", ErrCorrupt, bmPath, p, p+n-1, err, corruptFix(bmPath))
+		}
+		for k := range n {
+			page := buf[k*bitmapPageSize : (k+1)*bitmapPageSize]
+			lo := (p + k) * pageWords
+			hi := min(lo+pageWords, uint64(len(d.words)))
+			if err := checkPage(page, uint32(p+k)); err != nil {
+				return fmt.Errorf("%w: %s: page %d (blocks %d..%d): %v%s", ErrCorrupt, bmPath, p+k,
+					lo*64, min(hi*64, d.nblocks)-1, err, corruptFix(bmPath))
+			}
+			for w := lo; w < hi; w++ {
+				d.words[w].Store(le64(page[(w-lo)*8:]))
+			}
+			for w := hi - lo; w < pageWords; w++ {
+				if le64(page[w*8:]) != 0 {
+					return fmt.Errorf("%w: %s: page %d: bits set past the last block%s", ErrCorrupt, bmPath, p+k, corruptFix(bmPath))
+				}
+			}
+		}
 	}
 	return nil
 }
 
-// decodeBitmap fills words from buf, refusing bits past the last block.
-func decodeBitmap(buf []byte, words []atomic.Uint64, nblocks uint64) error {
-	if uint64(len(buf)) != uint64(len(words))*8 {
-		return fmt.Errorf("%w: bitmap is %d bytes, want %d", ErrCorrupt, len(buf), len(words)*8)
-	}
-	for i := range words {
-		words[i].Store(le64(buf[i*8:]))
-	}
-	if rem := nblocks % 64; rem != 0 && len(words) > 0 {
-		if words[len(words)-1].Load()>>rem != 0 {
-			return fmt.Errorf("%w: bits set past the last block", ErrCorrupt)
-		}
-	}
-	return nil
+// corruptFix is what an error about an untrustworthy bitmap tells the operator.
+func corruptFix(bmPath string) string {
+	ov := strings.TrimSuffix(bmPath, bitmapSuffix)
+	return fmt.Sprintf(" (the bitmap no longer says reliably which blocks the guest wrote; both files are kept: "+
+		"inspect or restore %s, or remove %s and %s to start the disk over from its base, losing the guest's changes)", bmPath, bmPath, ov)
 }
 
 func le64(b []byte) uint64 {
 	_ = b[7]
 	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
 		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
-}
-
-func put64(b []byte, v uint64) {
-	_ = b[7]
-	for i := range 8 {
-		b[i] = byte(v >> (8 * i))
-	}
 }
 
 // Size returns the disk size in bytes.
@@ -355,6 +478,11 @@ func (d *Device) check(off int64, n int, write bool) error {
 	}
 	if write && (d.readOnly || d.ov == nil) {
 		return ErrReadOnly
+	}
+	if write {
+		if err := d.poisoned(); err != nil {
+			return err
+		}
 	}
 	end, carry := bits.Add64(uint64(off), uint64(n), 0)
 	if off < 0 || n < 0 || carry != 0 || end > uint64(d.size) {
@@ -822,33 +950,50 @@ func (d *Device) Flush() error {
 	return d.flushLocked()
 }
 
+// poisoned returns ErrPoisoned with the failure behind it, or nil.
+func (d *Device) poisoned() error {
+	if p := d.poison.Load(); p != nil {
+		return fmt.Errorf("%w: %w", ErrPoisoned, *p)
+	}
+	return nil
+}
+
+// flushLocked flushes, and poisons the device when that fails.
 func (d *Device) flushLocked() error {
+	if err := d.poisoned(); err != nil {
+		return err
+	}
+	err := d.flushOnce()
+	if err != nil {
+		d.poison.CompareAndSwap(nil, &err)
+	}
+	return err
+}
+
+func (d *Device) flushOnce() error {
 	// Snapshot changed pages before syncing data: any bit copied here belongs
 	// to data already written, which the fdatasync below then covers.
 	var pages []int
 	var bufs [][]byte
+	var words [pageWords]uint64
 	for i := range d.changed {
 		if !d.changed[i].Swap(false) {
 			continue
 		}
 		lo := i * pageWords
 		hi := min(lo+pageWords, len(d.words))
-		buf := make([]byte, (hi-lo)*8)
 		for w := lo; w < hi; w++ {
-			put64(buf[(w-lo)*8:], d.words[w].Load())
+			words[w-lo] = d.words[w].Load()
 		}
+		buf := make([]byte, bitmapPageSize)
+		encodePage(buf, uint32(i), words[:hi-lo])
 		pages = append(pages, i)
 		bufs = append(bufs, buf)
 	}
-	restore := func() {
-		for _, i := range pages {
-			d.changed[i].Store(true)
-		}
-	}
+	// A failure poisons the device, so the pages' changed flags need not be
+	// restored: no later Flush runs.
 	if d.written.Swap(false) || len(pages) > 0 {
-		if err := unix.Fdatasync(int(d.ov.Fd())); err != nil {
-			d.written.Store(true)
-			restore()
+		if err := d.datasync(d.ov); err != nil {
 			return fmt.Errorf("overlay: fdatasync overlay: %w", err)
 		}
 	}
@@ -856,13 +1001,11 @@ func (d *Device) flushLocked() error {
 		return nil
 	}
 	for k, i := range pages {
-		if _, err := d.bm.WriteAt(bufs[k], headerRegion+int64(i)*pageWords*8); err != nil {
-			restore()
+		if _, err := d.bm.WriteAt(bufs[k], headerRegion+int64(i)*bitmapPageSize); err != nil {
 			return fmt.Errorf("overlay: write bitmap: %w", err)
 		}
 	}
-	if err := unix.Fdatasync(int(d.bm.Fd())); err != nil {
-		restore()
+	if err := d.datasync(d.bm); err != nil {
 		return fmt.Errorf("overlay: fdatasync bitmap: %w", err)
 	}
 	d.bitmapSyncs.Add(1)

@@ -456,7 +456,10 @@ func TestBitsPastEndRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.WriteAt([]byte{0, 0x80}, headerRegion); err != nil { // bit 15: block 15 of 10
+	// A well-formed page with bit 15 set: block 15 of 10.
+	page := make([]byte, bitmapPageSize)
+	encodePage(page, 0, []uint64{1 << 15})
+	if _, err := f.WriteAt(page, headerRegion); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()

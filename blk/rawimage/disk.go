@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -56,8 +57,13 @@ type sourceKey struct {
 }
 
 // openSource is a cached reader; it is closed when evicted and unused.
+// It is in the cache from the moment its open starts: ready is closed
+// once r or err is set, and until then readers of the same file wait on
+// ready, not on the Disk's lock.
 type openSource struct {
+	ready   chan struct{}
 	r       io.ReaderAt
+	err     error
 	refs    int
 	evicted bool
 }
@@ -186,27 +192,64 @@ func (d *Disk) readVec(r io.ReaderAt, src *iovec.Cursor, off, n int64) (int64, e
 	return got, nil
 }
 
+// acquire returns the open source for k, opening it if needed. The open
+// itself runs without d.mu: a host open can block (a hung network file
+// system, a file swapped for something slow), and under the lock it would
+// stall every read of the disk, not only those of that file.
 func (d *Disk) acquire(k sourceKey) (*openSource, error) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.closed {
+		d.mu.Unlock()
 		return nil, errors.New("rawimage: disk closed")
 	}
 	if s := d.open[k]; s != nil {
 		s.refs++
+		d.mu.Unlock()
+		<-s.ready
+		if s.err != nil {
+			d.release(s)
+			return nil, s.err
+		}
 		return s, nil
 	}
 	srcs := d.sources
 	if int(k.src) >= len(srcs) {
+		d.mu.Unlock()
 		return nil, fmt.Errorf("rawimage: block map names source %d of %d", k.src, len(srcs))
 	}
-	r, err := d.opener.Open(srcs[k.src], k.path)
-	if err != nil {
-		return nil, fmt.Errorf("rawimage: open %s: %w", k.path, err)
-	}
-	s := &openSource{r: r, refs: 1}
+	s := &openSource{ready: make(chan struct{}), refs: 1}
 	d.open[k] = s
 	d.order = append(d.order, k)
+	d.evictLocked()
+	d.mu.Unlock()
+
+	r, err := d.opener.Open(srcs[k.src], k.path)
+
+	d.mu.Lock()
+	s.r = r
+	if err != nil {
+		s.err = fmt.Errorf("rawimage: open %s: %w", k.path, err)
+		// A failed open is not cached: the next read tries again.
+		if d.open[k] == s {
+			delete(d.open, k)
+			if i := slices.Index(d.order, k); i >= 0 {
+				d.order = slices.Delete(d.order, i, i+1)
+			}
+		}
+		s.evicted = true
+	}
+	close(s.ready)
+	d.mu.Unlock()
+	if s.err != nil {
+		d.release(s)
+		return nil, s.err
+	}
+	return s, nil
+}
+
+// evictLocked drops the oldest sources beyond maxOpenSources; one still in
+// use (or still opening) is closed by its last release.
+func (d *Disk) evictLocked() {
 	for len(d.order) > maxOpenSources {
 		old := d.order[0]
 		d.order = d.order[1:]
@@ -217,7 +260,6 @@ func (d *Disk) acquire(k sourceKey) (*openSource, error) {
 			closeReader(o.r)
 		}
 	}
-	return s, nil
 }
 
 func (d *Disk) release(s *openSource) {
@@ -249,7 +291,7 @@ func (d *Disk) Close() error {
 }
 
 func closeReader(r io.ReaderAt) {
-	if c, ok := r.(io.Closer); ok {
+	if c, ok := r.(io.Closer); ok && r != nil {
 		c.Close()
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/ext4"
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/blk/rawimage"
+	"golang.org/x/sys/unix"
 )
 
 func must(t testing.TB, err error) {
@@ -287,4 +288,114 @@ func TestOpenSourceCache(t *testing.T) {
 	if _, err := d.ReadAt(make([]byte, 1), 0); err != nil {
 		t.Errorf("metadata read after Close: %v", err)
 	}
+}
+
+// stallingOpener opens the file "stall" of a directory with a plain,
+// blocking open of a FIFO, as an open stuck on a hung host file system
+// would be, and every other file normally.
+type stallingOpener struct {
+	dir     string
+	entered chan struct{} // receives once per open of "stall" begun
+}
+
+func (o stallingOpener) Open(src index.Source, path string) (io.ReaderAt, error) {
+	if path == "stall" {
+		o.entered <- struct{}{}
+	}
+	return os.Open(filepath.Join(o.dir, path))
+}
+
+// TestOpenDoesNotStallOtherReads: while the open of one content file is
+// stuck, reads of every other file of the disk go on, and a second read of
+// the stuck file waits for the same open rather than starting another.
+// Opening under the Disk's lock made one stuck open stall every read of the
+// pod.
+func TestOpenDoesNotStallOtherReads(t *testing.T) {
+	dir := t.TempDir()
+	idx := &index.Index{Sources: []index.Source{{Kind: index.SourceDir, ID: dir}},
+		Entries: []index.Entry{{Path: ".", Type: index.TypeDir, Mode: 0o755}}}
+	contents := map[string][]byte{}
+	for i := 0; i < 8; i++ {
+		p := fmt.Sprintf("f%d", i)
+		contents[p] = bytes.Repeat([]byte{byte('a' + i)}, 5000+i)
+		must(t, os.WriteFile(filepath.Join(dir, p), contents[p], 0o644))
+		idx.Entries = append(idx.Entries, index.Entry{Path: p, Type: index.TypeRegular, Mode: 0o644,
+			Size: int64(len(contents[p])), Data: index.Data{Path: p}})
+	}
+	idx.Entries = append(idx.Entries, index.Entry{Path: "stall", Type: index.TypeRegular, Mode: 0o644, Size: 10, Data: index.Data{Path: "stall"}})
+	fifo := filepath.Join(dir, "stall")
+	must(t, unix.Mkfifo(fifo, 0o644))
+	img, err := ext4.Build(context.Background(), idx, ext4.Options{WritableSize: -1, NoJournal: true})
+	must(t, err)
+	o := stallingOpener{dir: dir, entered: make(chan struct{}, 4)}
+	d := rawimage.New(img, o)
+	bs := int64(img.Map.BlockSize())
+	offset := map[string]int64{}
+	for i := 0; i < img.Map.Len(); i++ {
+		if e := img.Map.At(i); e.Kind == blockmap.Data {
+			offset[e.Loc.Path] = int64(e.First) * bs
+		}
+	}
+	stalled := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := d.ReadAt(make([]byte, 10), offset["stall"])
+			stalled <- err
+		}()
+	}
+	<-o.entered
+	unblock := func() {
+		// A writer that opens and closes at once: the stuck open returns.
+		if fd, err := unix.Open(fifo, unix.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+			unix.Close(fd)
+		}
+	}
+	done := make(chan error, 1)
+	go func() {
+		for p, want := range contents {
+			got := make([]byte, len(want))
+			if _, err := d.ReadAt(got, offset[p]); err != nil {
+				done <- fmt.Errorf("read %s: %w", p, err)
+				return
+			}
+			if !bytes.Equal(got, want) {
+				done <- fmt.Errorf("%s: wrong bytes", p)
+				return
+			}
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		must(t, err)
+	case <-time.After(10 * time.Second):
+		unblock()
+		t.Fatal("reads of other files stalled behind one stuck open")
+	}
+	select {
+	case <-o.entered:
+		unblock()
+		t.Fatal("a second read of the stuck file started a second open")
+	case <-time.After(200 * time.Millisecond):
+	}
+	// Let the stuck open finish; keep a writer trying until it has.
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+				unblock()
+			}
+		}
+	}()
+	for range 2 {
+		// preadv on a FIFO fails: the read is an error, not zeros.
+		if err := <-stalled; err == nil {
+			t.Error("read of the FIFO once opened succeeded")
+		}
+	}
+	close(stop)
+	must(t, d.Close())
 }

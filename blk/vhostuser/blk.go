@@ -3,6 +3,7 @@ package vhostuser
 import (
 	"encoding/binary"
 	"math/bits"
+	"runtime/debug"
 
 	"github.com/kata-fsx/kata-fsx/virtio/virtq"
 )
@@ -104,23 +105,57 @@ func (c *blkConfig) configSpace() [blkConfigSize]byte {
 
 // blkHandler executes virtio-blk requests against a BlockDevice.
 type blkHandler struct {
-	dev BlockDevice
-	cfg blkConfig
+	dev  BlockDevice
+	cfg  blkConfig
+	logf func(format string, args ...any)
 }
 
 // handle executes one request chain and returns the number of bytes written
 // into guest buffers (including the status byte), the used length.
+//
+// Guest memory can fault (see virtq.ErrFault): the request then fails with
+// IOERR, or, when the status byte itself cannot be written, goes back with
+// used length 0, and the shim lives on. Faults inside system calls on guest
+// buffers come back as EFAULT errors; those on Go's own accesses (the
+// header, the segments, a partial block's bytes, the status byte) are
+// turned into panics here and recovered.
 func (h *blkHandler) handle(c *virtq.Chain) uint32 {
 	if c.WriteLen == 0 || len(c.Writable) == 0 {
 		return 0 // no status byte: nothing we can tell the driver
 	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	last := c.Writable[len(c.Writable)-1]
-	status := &last[len(last)-1]
 	dataIn := c.WriteLen - 1 // writable bytes before the status byte
 
-	var written uint32
-	*status, written = h.execute(c, dataIn)
+	st, written := h.executeGuarded(c, dataIn)
+	if err := putStatus(&last[len(last)-1], st); err != nil {
+		h.logf("vhostuser: request returned without status: %v", err)
+		return 0
+	}
 	return written + 1
+}
+
+// executeGuarded is execute with a fault on guest memory turned into IOERR.
+func (h *blkHandler) executeGuarded(c *virtq.Chain, dataIn uint32) (st byte, written uint32) {
+	defer func() {
+		if r := recover(); r != nil {
+			err := virtq.FaultError(r) // panics again unless r is a memory fault
+			h.logf("vhostuser: request failed: %v", err)
+			st, written = blkStatusIOErr, 0
+		}
+	}()
+	return h.execute(c, dataIn)
+}
+
+// putStatus stores the status byte; the error is a fault on its page.
+func putStatus(p *byte, st byte) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = virtq.FaultError(r)
+		}
+	}()
+	*p = st
+	return nil
 }
 
 func (h *blkHandler) execute(c *virtq.Chain, dataIn uint32) (byte, uint32) {
@@ -252,21 +287,38 @@ func (h *blkHandler) writeFrom(bufs [][]byte, skip uint32, off int64) error {
 	return nil
 }
 
+// blkSegment is one decoded virtio_blk_discard_write_zeroes segment,
+// checked: off and n are byte values inside the device.
+type blkSegment struct {
+	off, n int64
+	unmap  bool
+}
+
+// maxSegments bounds the segments of one discard or write-zeroes request
+// (the max_discard_seg and max_write_zeroes_seg the device offers), so the
+// request's segments are copied out of guest memory into a fixed array.
+const maxSegments = defaultMaxDiscardSeg
+
 func (h *blkHandler) discardOrZero(c *virtq.Chain, typ uint32, dataOut uint32) byte {
 	maxSeg, maxSectors := h.cfg.maxDiscardSeg, h.cfg.maxDiscardSectors
 	if typ == blkTypeWriteZeroes {
 		maxSeg, maxSectors = h.cfg.maxWZSeg, h.cfg.maxWZSectors
 	}
-	if dataOut == 0 || dataOut%blkSegmentSize != 0 || dataOut/blkSegmentSize > maxSeg {
+	if dataOut == 0 || dataOut%blkSegmentSize != 0 || dataOut/blkSegmentSize > min(maxSeg, maxSegments) {
 		return blkStatusIOErr
 	}
 	if h.cfg.readOnly {
 		return blkStatusIOErr
 	}
-	// Validate every segment before touching the device.
-	var seg [blkSegmentSize]byte
-	for i := uint32(0); i < dataOut/blkSegmentSize; i++ {
-		gather(seg[:], c.Readable, blkHeaderSize+i*blkSegmentSize)
+	// Copy every segment out of guest memory once, check the copy and use
+	// only the copy: the guest may rewrite the segments while the request
+	// runs, and a second read would bypass the checks.
+	var raw [maxSegments * blkSegmentSize]byte
+	nseg := dataOut / blkSegmentSize
+	gather(raw[:dataOut], c.Readable, blkHeaderSize)
+	var segs [maxSegments]blkSegment
+	for i := range nseg {
+		seg := raw[i*blkSegmentSize : (i+1)*blkSegmentSize]
 		sector := binary.LittleEndian.Uint64(seg[0:8])
 		num := binary.LittleEndian.Uint32(seg[8:12])
 		flags := binary.LittleEndian.Uint32(seg[12:16])
@@ -276,21 +328,19 @@ func (h *blkHandler) discardOrZero(c *virtq.Chain, typ uint32, dataOut uint32) b
 		if num > maxSectors {
 			return blkStatusIOErr
 		}
-		if _, ok := h.spanUncapped(sector, uint64(num)*sectorSize); !ok {
+		n := uint64(num) * sectorSize // at most 2^32 * 512: no overflow
+		off, ok := h.spanUncapped(sector, n)
+		if !ok {
 			return blkStatusIOErr
 		}
+		segs[i] = blkSegment{off: off, n: int64(n), unmap: flags&blkFlagUnmap != 0}
 	}
-	for i := uint32(0); i < dataOut/blkSegmentSize; i++ {
-		gather(seg[:], c.Readable, blkHeaderSize+i*blkSegmentSize)
-		sector := binary.LittleEndian.Uint64(seg[0:8])
-		n := int64(binary.LittleEndian.Uint32(seg[8:12])) * sectorSize
-		flags := binary.LittleEndian.Uint32(seg[12:16])
-		off := int64(sector * sectorSize)
+	for _, s := range segs[:nseg] {
 		var err error
 		if typ == blkTypeDiscard {
-			err = h.dev.Discard(off, n)
+			err = h.dev.Discard(s.off, s.n)
 		} else {
-			err = h.dev.WriteZeroes(off, n, flags&blkFlagUnmap != 0)
+			err = h.dev.WriteZeroes(s.off, s.n, s.unmap)
 		}
 		if err != nil {
 			return blkStatusIOErr

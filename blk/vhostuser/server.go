@@ -93,7 +93,7 @@ func newBlkDevice(dev BlockDevice, o *Options) (*blkDevice, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &blkDevice{h: blkHandler{dev: dev, cfg: cfg}, space: cfg.configSpace()}, nil
+	return &blkDevice{h: blkHandler{dev: dev, cfg: cfg, logf: o.Logf}, space: cfg.configSpace()}, nil
 }
 
 func buildConfig(dev BlockDevice, o *Options) (blkConfig, error) {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -212,6 +213,43 @@ func (c *criEnv) workload(ctx context.Context, t *testing.T, p *criPod) {
 	if got := rootFstype(string(ex.Stdout)); got != p.fstype {
 		t.Errorf("exec sees / as %q, want %q", got, p.fstype)
 	}
+	// CRI's /etc/hosts, /etc/resolv.conf and /etc/hostname are host files
+	// bound into the container: the guest must show what CRI wrote.
+	t.Run("cri-files", func(t *testing.T) {
+		b, err := os.ReadFile(filepath.Join(c.dir, "state", "io.containerd.runtime.v2.task", criNamespace, id, "config.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var spec struct {
+			Mounts []struct{ Destination, Source string }
+		}
+		if err := json.Unmarshal(b, &spec); err != nil {
+			t.Fatal(err)
+		}
+		for _, dst := range []string{"/etc/hosts", "/etc/resolv.conf", "/etc/hostname"} {
+			src := ""
+			for _, m := range spec.Mounts {
+				if m.Destination == dst {
+					src = m.Source
+				}
+			}
+			if src == "" {
+				t.Errorf("CRI bound no %s into the workload", dst)
+				continue
+			}
+			want, err := os.ReadFile(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ex, err := c.rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: id, Timeout: 120, Cmd: []string{"cat", dst}})
+			if err != nil {
+				t.Fatalf("ExecSync cat %s: %v", dst, err)
+			}
+			if ex.ExitCode != 0 || string(ex.Stdout) != string(want) || len(want) == 0 {
+				t.Errorf("%s in the workload: exit %d %q %s, want CRI's %s: %q", dst, ex.ExitCode, ex.Stdout, ex.Stderr, src, want)
+			}
+		}
+	})
 	// What the kubelet's pods expect of their container beyond the rootfs.
 	t.Run("environment", func(t *testing.T) {
 		for _, check := range []struct{ what, cmd string }{

@@ -222,11 +222,13 @@ func TestSandboxHotplugRollback(t *testing.T) {
 		return out
 	}
 
-	// The test agent refuses terminals, after the disk is plugged.
+	// The test agent refuses a terminal larger than a winsize holds (the
+	// shim refuses it earlier; the sandbox passes it on), after the disk is plugged.
 	bad := spec("/bin/true")
 	bad.Process.Terminal = true
+	bad.Process.ConsoleSize = &specs.Box{Height: 1 << 16, Width: 80}
 	err = sb.CreateContainer(ctx, sandbox.ContainerSpec{ID: "bad", Rootfs: rootfs, OCI: bad})
-	if err == nil || !strings.Contains(err.Error(), "agent CreateContainer") {
+	if err == nil || !strings.Contains(err.Error(), "agent CreateContainer") || !strings.Contains(err.Error(), "65536x80") {
 		t.Fatalf("container the agent refuses: err = %v", err)
 	}
 	if got := hotplugDirNames(blkDir); strings.Join(got, " ") != id {

@@ -36,11 +36,12 @@ log() { echo "guest-build: $*" >&2; }
 
 # Top-level modules; their dependencies come from modules.dep. crc32c is a
 # soft dependency of ext4 (metadata_csum) that modules.dep does not list, and
-# without modprobe in the guest the kernel cannot request it later.
+# without modprobe in the guest the kernel cannot request it later. virtio_net
+# brings net_failover and failover through modules.dep.
 # The channel modules load first: the agent serves as soon as they are in and
 # loads the storage modules meanwhile (the marker line tells it where).
 CHANNEL_MODULES="virtio_pci virtio_console vmw_vsock_virtio_transport"
-STORAGE_MODULES="virtio_blk virtiofs 9p 9pnet_virtio crc32c_generic crc32c-intel ext4 overlay"
+STORAGE_MODULES="virtio_blk virtiofs 9p 9pnet_virtio crc32c_generic crc32c-intel ext4 overlay virtio_net"
 CHANNELS_MARKER="#channels-ready"
 
 # --- inputs and cache key ---------------------------------------------------

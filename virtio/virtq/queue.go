@@ -3,6 +3,7 @@ package virtq
 import (
 	"errors"
 	"fmt"
+	"runtime/debug"
 
 	"github.com/kata-fsx/kata-fsx/virtio/virtq/internal/ring"
 )
@@ -110,8 +111,18 @@ func New(mem *Memory, c Config) (*Queue, error) {
 	if q.used, err = mem.Range(c.UsedAddr, usedLen); err != nil {
 		return nil, fmt.Errorf("virtq: used ring: %w", err)
 	}
-	q.nextUsed = ring.UsedIdx(q.used)
+	if err := q.readUsedIdx(); err != nil {
+		return nil, fmt.Errorf("virtq: used ring: %w", err)
+	}
 	return q, nil
+}
+
+// readUsedIdx resumes nextUsed from the used ring.
+func (q *Queue) readUsedIdx() (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer q.guard(&err)
+	q.nextUsed = ring.UsedIdx(q.used)
+	return nil
 }
 
 // Size returns the queue size.
@@ -126,6 +137,19 @@ func (q *Queue) NextUsed() uint16 { return q.nextUsed }
 // Broken reports whether the queue was stopped because the driver corrupted it.
 func (q *Queue) Broken() bool { return q.broken }
 
+// guard is deferred by every method that touches the rings: a fault on
+// guest memory (see ErrFault) breaks the queue instead of the process.
+// The caller enabled runtime/debug.SetPanicOnFault for its own duration.
+func (q *Queue) guard(err *error) {
+	if r := recover(); r != nil {
+		q.broken = true
+		ferr := fmt.Errorf("%w: %w", ErrBroken, FaultError(r))
+		if err != nil {
+			*err = ferr
+		}
+	}
+}
+
 func (q *Queue) breakf(format string, args ...any) error {
 	q.broken = true
 	return fmt.Errorf("%w: "+format, append([]any{ErrBroken}, args...)...)
@@ -134,10 +158,12 @@ func (q *Queue) breakf(format string, args ...any) error {
 // Pop takes the next available chain into c (reusing its slices). It returns
 // false when nothing is pending. An error wrapping ErrBadChain still consumed
 // the chain (c.Head is valid); ErrBroken means the queue must be reset.
-func (q *Queue) Pop(c *Chain) (bool, error) {
+func (q *Queue) Pop(c *Chain) (popped bool, err error) {
 	if q.broken {
 		return false, ErrBroken
 	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer q.guard(&err) // popped stays false: results are set only by a return
 	idx := ring.AvailIdx(q.avail)
 	pending := idx - q.lastAvail
 	if pending == 0 {
@@ -229,10 +255,12 @@ func (q *Queue) walk(c *Chain, head uint16) error {
 
 // PushUsed returns chain head to the driver with n bytes written to its
 // writable buffers, publishing the element before the index.
-func (q *Queue) PushUsed(head uint16, n uint32) error {
+func (q *Queue) PushUsed(head uint16, n uint32) (err error) {
 	if q.broken {
 		return ErrBroken
 	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer q.guard(&err)
 	if head >= q.size {
 		return q.breakf("used head %d out of range (size %d)", head, q.size)
 	}
@@ -244,7 +272,9 @@ func (q *Queue) PushUsed(head uint16, n uint32) error {
 
 // NeedsNotification reports whether the driver wants an interrupt for the
 // used entries published since the last call.
-func (q *Queue) NeedsNotification() bool {
+func (q *Queue) NeedsNotification() (notify bool) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer q.guard(nil) // a broken queue's driver is told through the err eventfd
 	newIdx, old := q.nextUsed, q.signalled
 	valid := q.signalledValid
 	q.signalled, q.signalledValid = newIdx, true
@@ -266,7 +296,9 @@ func needEvent(event, newIdx, old uint16) bool {
 // DisableNotification asks the driver not to kick (without EVENT_IDX; with
 // it, the stale avail_event already suppresses kicks).
 func (q *Queue) DisableNotification() {
-	if !q.eventIdx {
+	if !q.eventIdx && !q.broken {
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		defer q.guard(nil)
 		ring.SetUsedFlags(q.used, ring.UsedFlags(q.used)|UsedFNoNotify)
 	}
 }
@@ -274,10 +306,12 @@ func (q *Queue) DisableNotification() {
 // EnableNotification asks the driver to kick on new buffers, then re-reads
 // the available index: true means buffers arrived meanwhile and the caller
 // must drain again rather than wait for a kick that may never come.
-func (q *Queue) EnableNotification() bool {
+func (q *Queue) EnableNotification() (more bool) {
 	if q.broken {
 		return false
 	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer q.guard(nil) // more stays false: the caller sees Broken
 	if q.eventIdx {
 		ring.SetAvailEvent(q.used, q.size, q.lastAvail)
 	} else {

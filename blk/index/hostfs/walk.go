@@ -378,6 +378,14 @@ func segments(dirfd int, name string, size int64, noatime int) ([]index.Range, e
 		return nil, fmt.Errorf("open for SEEK_DATA: %w", err)
 	}
 	defer unix.Close(fd)
+	// The entry was a regular file when listed; it may have been swapped.
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("fstat: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("open for SEEK_DATA: %w", &NotRegularError{Kind: TypeName(st.Mode)})
+	}
 	var segs []index.Range
 	for off := int64(0); off < size; {
 		d, err := unix.Seek(fd, off, unix.SEEK_DATA)

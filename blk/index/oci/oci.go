@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"time"
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
@@ -26,6 +28,10 @@ import (
 )
 
 const (
+	// staleTempAge is when a blob cache temp file is taken for the leftover
+	// of a killed build: no live inflation of a budget's worth of bytes
+	// takes that long, and the shim and the CLI may share the cache.
+	staleTempAge      = 6 * time.Hour
 	maxJSONSize       = 8 << 20 // index.json, manifests, configs
 	maxArchiveMembers = 1 << 20
 	maxZstdWindow     = 1 << 27
@@ -53,9 +59,14 @@ var layerMediaTypes = map[string]bool{
 // org.opencontainers.image.ref.name / io.containerd.image.name annotation
 // (OCI) or RepoTags (docker); it may be empty when the image holds one.
 //
-// Every layer, compressed (gzip, zstd) or not, is written once, verified
-// against its diffID, to opts.CacheDir/blobs/sha256/<diffID hex>, and its
-// regular files become SourceBlob "sha256:<diffID>" data at their offset in
+// Every layer, compressed (gzip, zstd) or not, is written once to
+// opts.CacheDir/blobs/sha256/<diffID hex>: its blob is first checked
+// against the manifest's size and digest, without inflating it, then
+// inflated in one streaming pass bounded by the per-layer inflated-bytes
+// budget (opts.MaxBlobSize) and verified against its diffID; a layer that
+// fails any check leaves nothing in the cache. Every image file is opened
+// without blocking and must be a regular file. The layer's regular files
+// become SourceBlob "sha256:<diffID>" data at their offset in
 // that uncompressed tar; hostfs.Opener serves them from there. Per-layer
 // indexes are cached by diffID.
 func FromOCI(ctx context.Context, path, tag string, opts index.Options) (*index.Index, error) {
@@ -126,25 +137,48 @@ type imageFiles interface {
 	close()
 }
 
+// openImage opens an image layout directory or archive file without
+// blocking: a FIFO or a device where the image should be is an error, not
+// an open that waits.
 func openImage(path string) (imageFiles, error) {
-	fi, err := os.Stat(path)
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("open: %w", err)
 	}
-	if fi.IsDir() {
-		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, fmt.Errorf("open: %w", err)
-		}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("fstat: %w", err)
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
 		return &dirFiles{fd: fd}, nil
+	case unix.S_IFREG:
+	default:
+		unix.Close(fd)
+		return nil, index.Invalidf("is %s: want an OCI layout directory or an image archive file", hostfs.TypeName(st.Mode))
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("open: %w", err)
 	}
-	a := &archiveFiles{f: f, members: map[string]member{}, links: map[string]string{}}
+	return scanArchive(os.NewFile(uintptr(fd), path))
+}
+
+// archiveReader is what an image archive is read from: an *os.File, or
+// memory in the fuzz tests.
+type archiveReader interface {
+	io.ReadSeeker
+	io.ReaderAt
+	io.Closer
+}
+
+// scanArchive indexes the members of the image archive in r; it closes r
+// on error.
+func scanArchive(r archiveReader) (*archiveFiles, error) {
+	a := &archiveFiles{f: r, members: map[string]member{}, links: map[string]string{}}
 	if err := a.scan(); err != nil {
-		f.Close()
+		r.Close()
 		return nil, err
 	}
 	return a, nil
@@ -162,10 +196,13 @@ func (d *dirFiles) open(name string) (io.ReadCloser, error) {
 	return f, nil
 }
 
+// has reports whether name exists; one that is not a regular file counts,
+// so that open, not a guess at the image's format, reports it.
 func (d *dirFiles) has(name string) bool {
 	f, err := hostfs.OpenBeneath(d.fd, name)
 	if err != nil {
-		return false
+		var nr *hostfs.NotRegularError
+		return errors.As(err, &nr)
 	}
 	f.Close()
 	return true
@@ -177,7 +214,7 @@ type member struct{ off, size int64 }
 
 // archiveFiles is an image tar; members are read in place by offset.
 type archiveFiles struct {
-	f       *os.File
+	f       archiveReader
 	members map[string]member
 	links   map[string]string // symlink members (docker save links duplicate layers)
 }
@@ -253,6 +290,7 @@ func (a *archiveFiles) close() { a.f.Close() }
 type layerRef struct {
 	file      string // name within the image
 	digest    string // digest of the (compressed) blob, "" if unknown
+	size      int64  // the blob's size in its descriptor, 0 if unknown
 	mediaType string
 	diffID    string
 }
@@ -357,6 +395,12 @@ func imageLayers(files imageFiles, tag string) ([]layerRef, error) {
 }
 
 func ociLayers(files imageFiles, tag string) ([]layerRef, error) {
+	var layout struct {
+		Version string `json:"imageLayoutVersion"`
+	}
+	if err := readJSON(files, "oci-layout", "", &layout); err != nil {
+		return nil, err
+	}
 	var idx ociIndex
 	if err := readJSON(files, "index.json", "", &idx); err != nil {
 		return nil, err
@@ -424,7 +468,10 @@ func ociLayers(files imageFiles, tag string) ([]layerRef, error) {
 		if err != nil {
 			return nil, fmt.Errorf("layer %d: %w", i, err)
 		}
-		out[i] = layerRef{file: ln, digest: l.Digest, mediaType: l.MediaType, diffID: cfg.RootFS.DiffIDs[i]}
+		if l.Size < 0 {
+			return nil, index.Invalidf("layer %d: negative size %d", i, l.Size)
+		}
+		out[i] = layerRef{file: ln, digest: l.Digest, size: l.Size, mediaType: l.MediaType, diffID: cfg.RootFS.DiffIDs[i]}
 	}
 	return out, nil
 }
@@ -492,9 +539,46 @@ func (c ctxReader) Read(p []byte) (int, error) {
 	return c.r.Read(p)
 }
 
-// materialize writes layer l, decompressed, to dst: through a temp file in
-// the same directory, verified against the layer digest and diffID, then
-// renamed, so dst only ever holds complete, verified content.
+// verifyBlob checks the layer's compressed blob against its descriptor's
+// size and digest, reading it once without inflating anything: a blob that
+// is not what the manifest names is refused before it can cost more than
+// its own size.
+func verifyBlob(ctx context.Context, files imageFiles, l layerRef) error {
+	if _, err := index.BlobHex(l.digest); err != nil {
+		return fmt.Errorf("layer digest: %w", err)
+	}
+	rc, err := files.open(l.file)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	var r io.Reader = ctxReader{ctx, rc}
+	if l.size > 0 {
+		r = io.LimitReader(r, l.size+1)
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, r)
+	if err != nil {
+		return fmt.Errorf("read layer blob: %w", err)
+	}
+	switch {
+	case l.size > 0 && n > l.size:
+		return index.Invalidf("layer blob %s is larger than the manifest's size %d", l.file, l.size)
+	case l.size > 0 && n < l.size:
+		return index.Invalidf("layer blob %s is %d bytes, smaller than the manifest's size %d", l.file, n, l.size)
+	}
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != l.digest {
+		return index.Invalidf("layer blob %s (%s) does not match its digest %s", l.file, got, l.digest)
+	}
+	return nil
+}
+
+// materialize writes layer l, decompressed, to dst. The compressed blob is
+// verified first (verifyBlob); it is then inflated in one streaming pass,
+// bounded by maxSize (the per-layer inflated-bytes budget) and hashed as
+// it is written to a temp file in dst's directory, and renamed to dst only
+// when it matches the diffID: dst only ever holds complete, verified
+// content, and a refused layer leaves nothing behind.
 func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, maxSize int64) error {
 	if !layerMediaTypes[l.mediaType] {
 		return index.Invalidf("unsupported layer media type %q", l.mediaType)
@@ -502,11 +586,18 @@ func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, 
 	if _, err := index.BlobHex(l.diffID); err != nil {
 		return fmt.Errorf("diffID: %w", err)
 	}
+	if l.digest != "" {
+		if err := verifyBlob(ctx, files, l); err != nil {
+			return err
+		}
+	}
 	rc, err := files.open(l.file)
 	if err != nil {
 		return err
 	}
 	defer rc.Close()
+	// The blob is hashed again as it is inflated: the layout may have been
+	// changed since verifyBlob read it.
 	var zh hash.Hash = sha256.New()
 	br := bufio.NewReaderSize(io.TeeReader(ctxReader{ctx, rc}, zh), 1<<20)
 	magic, _ := br.Peek(4)
@@ -532,6 +623,7 @@ func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, 
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return fmt.Errorf("blob cache: %w", err)
 	}
+	sweepStaleTemps(filepath.Dir(dst), time.Now().Add(-staleTempAge))
 	f, err := os.CreateTemp(filepath.Dir(dst), ".tmp-*")
 	if err != nil {
 		return fmt.Errorf("blob cache: %w", err)
@@ -539,12 +631,14 @@ func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, 
 	defer os.Remove(f.Name())
 	defer f.Close()
 	uh := sha256.New()
-	n, err := io.Copy(io.MultiWriter(f, uh), io.LimitReader(dec, maxSize+1))
+	// The context is checked on the inflated side too: at 1000:1 one read
+	// of compressed input can inflate to gigabytes.
+	n, err := io.Copy(io.MultiWriter(f, uh), io.LimitReader(ctxReader{ctx, dec}, maxSize+1))
 	if err != nil {
 		return fmt.Errorf("decompress: %w", err)
 	}
 	if n > maxSize {
-		return index.Invalidf("uncompressed layer larger than %d bytes", maxSize)
+		return index.Invalidf("layer inflates to more than its inflated-bytes budget of %d bytes (index.Options.MaxBlobSize)", maxSize)
 	}
 	// Hash what the decompressor left unread (trailing padding) too.
 	if _, err := io.Copy(io.Discard, br); err != nil {
@@ -552,7 +646,7 @@ func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, 
 	}
 	if l.digest != "" {
 		if got := "sha256:" + hex.EncodeToString(zh.Sum(nil)); got != l.digest {
-			return index.Invalidf("layer blob digest %s does not match %s", got, l.digest)
+			return index.Invalidf("layer blob %s changed while it was read: digest %s, want %s", l.file, got, l.digest)
 		}
 	}
 	if got := "sha256:" + hex.EncodeToString(uh.Sum(nil)); got != l.diffID {
@@ -565,4 +659,23 @@ func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, 
 		return fmt.Errorf("blob cache: %w", err)
 	}
 	return nil
+}
+
+// sweepStaleTemps removes the temp files of builds killed before they could
+// remove their own (SIGKILL, a crash), last modified before cutoff: a
+// partial layer is gigabytes the cache would otherwise keep for ever.
+// Failures are ignored; a later build tries again.
+func sweepStaleTemps(dir string, cutoff time.Time) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), ".tmp-") || !e.Type().IsRegular() {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && fi.ModTime().Before(cutoff) {
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
 }

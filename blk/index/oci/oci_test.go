@@ -369,7 +369,7 @@ func TestFromOCIRejectsTamperedLayer(t *testing.T) {
 	dir2 := t.TempDir()
 	writeOCILayout(t, dir2, compressLayers(t, [][]byte{big}), map[string]int{"x": 1})
 	_, err = FromOCI(context.Background(), dir2, "x", index.Options{CacheDir: t.TempDir(), MaxBlobSize: 64 << 10})
-	if err == nil || !strings.Contains(err.Error(), "larger than") {
+	if err == nil || !strings.Contains(err.Error(), "inflated-bytes budget") {
 		t.Fatalf("bomb: %v", err)
 	}
 }

@@ -9,11 +9,12 @@ import (
 )
 
 // BenchmarkFromLayersCached100k is the second pod on a 100k-entry layer:
-// decode the cached index and merge.
+// decode the cached index and merge. The layer carries a key, as a
+// committed snapshot would: unkeyed layers are never cached.
 func BenchmarkFromLayersCached100k(b *testing.B) {
 	root := b.TempDir()
 	indextest.GenFlat(b, root, 100000)
-	opts := index.Options{CacheDir: b.TempDir()}
+	opts := index.Options{CacheDir: b.TempDir(), LayerKeys: []string{"snapshot-1"}}
 	if _, err := FromLayers(context.Background(), []string{root}, opts); err != nil {
 		b.Fatal(err)
 	}

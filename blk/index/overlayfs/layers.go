@@ -18,9 +18,13 @@ import (
 // not appear in the result. Each layer is one SourceDir whose ID is its
 // absolute path; a bind rootfs is a single layer.
 //
-// With opts.CacheDir each layer's index is cached under a key made of its
-// path plus opts.LayerKeys[i] or, without one, the directory's device,
-// inode and ctime; snapshot layers are immutable, so a hit skips the walk.
+// With opts.CacheDir, a layer the caller vouches for with a key in
+// opts.LayerKeys (a committed, immutable snapshot) has its index cached
+// under that key, its path and its directory's device, inode and ctime, so
+// a hit skips the walk. A layer without a key is mutable as far as we know
+// (an upperdir, a bind-mounted rootfs) and is walked every time: no stamp
+// short of a full walk sees a nested file change, and a stale index serves
+// wrong data (a file's new bytes cut to its old size, new files missing).
 // Not interpreted: redirect_dir, metacopy and xattr-based whiteouts, which
 // containerd does not create in snapshot layers.
 func FromLayers(ctx context.Context, layers []string, opts index.Options) (*index.Index, error) {
@@ -44,10 +48,12 @@ func FromLayers(ctx context.Context, layers []string, opts index.Options) (*inde
 		if err != nil {
 			return nil, fmt.Errorf("layer %s: %w", abs, err)
 		}
-		if ix := cache.Load(key, index.Source{Kind: index.SourceDir, ID: abs}); ix != nil {
-			idx[i] = ix
-			st.LayersCached++
-			continue
+		if key != "" {
+			if ix := cache.Load(key, index.Source{Kind: index.SourceDir, ID: abs}); ix != nil {
+				idx[i] = ix
+				st.LayersCached++
+				continue
+			}
 		}
 		// Not opts itself: this loop counts the layer in opts.Stats.
 		ix, err := hostfs.FromDir(ctx, abs, index.Options{MaxEntries: opts.MaxEntries})
@@ -55,8 +61,10 @@ func FromLayers(ctx context.Context, layers []string, opts index.Options) (*inde
 			return nil, fmt.Errorf("layer %d: %w", i, err)
 		}
 		st.LayersIndexed++
-		if err := cache.Store(key, ix); err != nil {
-			return nil, fmt.Errorf("layer %s: %w", abs, err)
+		if key != "" {
+			if err := cache.Store(key, ix); err != nil {
+				return nil, fmt.Errorf("layer %s: %w", abs, err)
+			}
 		}
 		idx[i] = ix
 	}
@@ -68,13 +76,16 @@ func FromLayers(ctx context.Context, layers []string, opts index.Options) (*inde
 	return ix, nil
 }
 
+// dirLayerKey is the cache key of layer i, or "" when it has no caller key
+// and so must not be cached. The stat stamp guards against a caller key
+// reused for a directory that was removed and created again.
 func dirLayerKey(abs string, keys []string, i int) (string, error) {
-	if keys != nil && keys[i] != "" {
-		return "dir-key\x00" + abs + "\x00" + keys[i], nil
+	if keys == nil || keys[i] == "" {
+		return "", nil
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(abs, &st); err != nil {
 		return "", fmt.Errorf("stat: %w", err)
 	}
-	return fmt.Sprintf("dir-stat\x00%s\x00%d\x00%d\x00%d.%09d", abs, st.Dev, st.Ino, st.Ctim.Sec, st.Ctim.Nsec), nil
+	return fmt.Sprintf("dir-key\x00%s\x00%s\x00%d\x00%d\x00%d.%09d", abs, keys[i], st.Dev, st.Ino, st.Ctim.Sec, st.Ctim.Nsec), nil
 }

@@ -135,10 +135,11 @@ func TestFromLayersSemantics(t *testing.T) {
 func TestFromLayersCache(t *testing.T) {
 	layers := indextest.BuildLayers(t, indextest.OverlayLayers)
 	cache := t.TempDir()
+	keys := []string{"k1", "k2", "k3"}
 	var st1, st2 index.Stats
-	ix1, err := FromLayers(context.Background(), layers, index.Options{CacheDir: cache, Stats: &st1})
+	ix1, err := FromLayers(context.Background(), layers, index.Options{CacheDir: cache, LayerKeys: keys, Stats: &st1})
 	indextest.Must(t, err)
-	ix2, err := FromLayers(context.Background(), layers, index.Options{CacheDir: cache, Stats: &st2})
+	ix2, err := FromLayers(context.Background(), layers, index.Options{CacheDir: cache, LayerKeys: keys, Stats: &st2})
 	indextest.Must(t, err)
 	if st1.LayersIndexed != 3 || st1.LayersCached != 0 || st2.LayersIndexed != 0 || st2.LayersCached != 3 {
 		t.Fatalf("first %+v, second %+v: the second call must not walk", st1, st2)
@@ -146,23 +147,23 @@ func TestFromLayersCache(t *testing.T) {
 	if !reflect.DeepEqual(indextest.Normalize(ix1), indextest.Normalize(ix2)) {
 		t.Fatal("cached merge differs from the walked one")
 	}
-	// A changed top-level directory (new ctime) invalidates its entry.
+	// A keyed layer whose directory was replaced (new ctime) is a miss.
 	indextest.WriteFile(t, filepath.Join(layers[2], "later"), []byte("x"), 0o644)
 	var st3 index.Stats
-	ix3, err := FromLayers(context.Background(), layers, index.Options{CacheDir: cache, Stats: &st3})
+	ix3, err := FromLayers(context.Background(), layers, index.Options{CacheDir: cache, LayerKeys: keys, Stats: &st3})
 	indextest.Must(t, err)
 	if st3.LayersIndexed != 1 || st3.LayersCached != 2 || ix3.Lookup("later") < 0 {
 		t.Fatalf("after change: %+v", st3)
 	}
-	// Caller keys take precedence over the stat stamp.
-	keys := []string{"k1", "k2", "k3"}
+	// Layers without a key (the upper one here) are walked every time.
 	var st4, st5 index.Stats
-	_, err = FromLayers(context.Background(), layers, index.Options{CacheDir: cache, LayerKeys: keys, Stats: &st4})
+	part := []string{"k1", "k2", ""}
+	_, err = FromLayers(context.Background(), layers, index.Options{CacheDir: cache, LayerKeys: part, Stats: &st4})
 	indextest.Must(t, err)
-	_, err = FromLayers(context.Background(), layers, index.Options{CacheDir: cache, LayerKeys: keys, Stats: &st5})
+	_, err = FromLayers(context.Background(), layers, index.Options{CacheDir: cache, Stats: &st5})
 	indextest.Must(t, err)
-	if st4.LayersIndexed != 3 || st5.LayersCached != 3 {
-		t.Fatalf("keyed: %+v then %+v", st4, st5)
+	if st4.LayersIndexed != 1 || st4.LayersCached != 2 || st5.LayersIndexed != 3 || st5.LayersCached != 0 {
+		t.Fatalf("unkeyed: %+v then %+v", st4, st5)
 	}
 	// Damaged cache files are misses, never errors or wrong results.
 	files, err := filepath.Glob(filepath.Join(cache, "index", "*.idx"))
@@ -184,7 +185,7 @@ func TestFromLayersCache(t *testing.T) {
 		indextest.Must(t, os.WriteFile(f, b, 0o600))
 	}
 	var st6 index.Stats
-	ix6, err := FromLayers(context.Background(), layers, index.Options{CacheDir: cache, Stats: &st6})
+	ix6, err := FromLayers(context.Background(), layers, index.Options{CacheDir: cache, LayerKeys: keys, Stats: &st6})
 	indextest.Must(t, err)
 	if st6.LayersIndexed != 3 || !reflect.DeepEqual(indextest.Normalize(ix3), indextest.Normalize(ix6)) {
 		t.Fatalf("after damage: %+v", st6)
@@ -231,5 +232,39 @@ func unwrapAll(err error) error {
 			return err
 		}
 		err = u.Unwrap()
+	}
+}
+
+// TestFromLayersCacheSeesNestedEdits reproduces the stale layer-index
+// cache: a layer directory without a caller key (an upperdir, a bind
+// rootfs) was cached under its top directory's path, inode and ctime, so
+// a nested file rewritten from "v1" to "longer-content" read back as
+// "lon" and a new nested file was missing. Such a layer is mutable and
+// must be walked again every time.
+func TestFromLayersCacheSeesNestedEdits(t *testing.T) {
+	root := t.TempDir()
+	f := filepath.Join(root, "etc", "app", "conf")
+	indextest.Must(t, os.MkdirAll(filepath.Dir(f), 0o755))
+	indextest.WriteFile(t, f, []byte("v1"), 0o644)
+	cache := t.TempDir()
+	op := hostfs.Opener{CacheDir: cache}
+	ix, err := FromLayers(context.Background(), []string{root}, index.Options{CacheDir: cache})
+	indextest.Must(t, err)
+	if got := string(indextest.ReadEntry(t, ix, op, indextest.Lookup(t, ix, "etc/app/conf"))); got != "v1" {
+		t.Fatalf("first build reads %q", got)
+	}
+	indextest.WriteFile(t, f, []byte("longer-content"), 0o644)
+	indextest.WriteFile(t, filepath.Join(root, "etc", "app", "new"), []byte("n"), 0o644)
+	var st index.Stats
+	ix, err = FromLayers(context.Background(), []string{root}, index.Options{CacheDir: cache, Stats: &st})
+	indextest.Must(t, err)
+	if got := string(indextest.ReadEntry(t, ix, op, indextest.Lookup(t, ix, "etc/app/conf"))); got != "longer-content" {
+		t.Errorf("rebuild after a nested edit reads %q, want %q (stats %+v)", got, "longer-content", st)
+	}
+	if ix.Lookup("etc/app/new") < 0 {
+		t.Errorf("rebuild misses a nested file created since the first build (stats %+v)", st)
+	}
+	if st.LayersCached != 0 {
+		t.Errorf("an unkeyed (mutable) layer was served from the cache: %+v", st)
 	}
 }

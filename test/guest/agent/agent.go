@@ -37,7 +37,9 @@ type agent struct {
 	mu         sync.Mutex
 	sandboxID  string
 	storages   []string // sandbox mount points, in mount order
+	mounts     storageSet
 	containers map[string]*container
+	cgroups    *cgroups
 	poweroff   chan struct{}
 	once       sync.Once
 
@@ -53,6 +55,7 @@ type container struct {
 	rootfs   string
 	storages []string
 	init     *process
+	cgroup   *containerCgroup
 	starting atomic.Bool
 	execs    map[string]*process
 }
@@ -64,7 +67,9 @@ type process struct {
 	// stdin is the write end of the process's stdin pipe, set once at
 	// start; os.File serialises concurrent writes and a Close wakes a
 	// blocked one, so no lock is held across a write that may block.
-	stdin   atomic.Pointer[os.File]
+	stdin atomic.Pointer[os.File]
+	// tty is the terminal of a process with one, set once at start.
+	tty     *terminal
 	stdout  *outputBuffer
 	stderr  *outputBuffer
 	started atomic.Bool   // set once cmd has started
@@ -73,7 +78,7 @@ type process struct {
 }
 
 func newAgent() *agent {
-	return &agent{containers: map[string]*container{}, poweroff: make(chan struct{}), modulesDone: make(chan struct{})}
+	return &agent{containers: map[string]*container{}, cgroups: newCgroups(), poweroff: make(chan struct{}), modulesDone: make(chan struct{})}
 }
 
 // waitModules waits for the storage modules, which load while the agent
@@ -148,6 +153,9 @@ func (a *agent) CreateSandbox(ctx context.Context, req *pb.CreateSandboxRequest)
 			return nil, fmt.Errorf("sethostname: %w", err)
 		}
 	}
+	if err := upLoopback(); err != nil {
+		return nil, err
+	}
 	if dns := req.GetDns(); len(dns) > 0 {
 		if err := setupDNS(dns); err != nil {
 			return nil, err
@@ -155,9 +163,9 @@ func (a *agent) CreateSandbox(ctx context.Context, req *pb.CreateSandboxRequest)
 	}
 	var mounted []string
 	for _, s := range req.GetStorages() {
-		mp, err := mountStorage(ctx, s)
+		mp, err := a.mounts.add(ctx, s)
 		if err != nil {
-			unmountAll(mounted)
+			a.mounts.release(mounted)
 			return nil, err
 		}
 		log.Printf("sandbox storage %s %s mounted on %s", s.GetDriver(), s.GetSource(), mp)
@@ -178,10 +186,11 @@ func (a *agent) DestroySandbox(ctx context.Context, _ *pb.DestroySandboxRequest)
 	defer a.mu.Unlock()
 	for id, c := range a.containers {
 		c.killAll(ctx, 5*time.Second)
-		unmountAll(c.storages)
+		a.cgroups.remove(c.cgroup)
+		a.mounts.release(c.storages)
 		delete(a.containers, id)
 	}
-	unmountAll(a.storages)
+	a.mounts.release(a.storages)
 	a.storages = nil
 	unix.Sync()
 	a.once.Do(func() { close(a.poweroff) })
@@ -198,10 +207,11 @@ func (a *agent) CreateContainer(ctx context.Context, req *pb.CreateContainerRequ
 		return nil, status.Errorf(codes.InvalidArgument, "bad container id %q", id)
 	case spec == nil || spec.GetProcess() == nil || len(spec.GetProcess().GetArgs()) == 0:
 		return nil, status.Errorf(codes.InvalidArgument, "container %s: OCI spec has no process args", id)
-	case spec.GetProcess().GetTerminal():
-		return nil, status.Errorf(codes.Unimplemented, "container %s: terminals are not supported by the test agent", id)
 	case spec.GetRoot().GetPath() == "":
 		return nil, status.Errorf(codes.InvalidArgument, "container %s: OCI spec has no root path", id)
+	}
+	if _, err := terminalSize(spec.GetProcess()); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "container %s: %v", id, status.Convert(err).Message())
 	}
 	if err := a.waitModules(ctx); err != nil {
 		return nil, err
@@ -216,9 +226,9 @@ func (a *agent) CreateContainer(ctx context.Context, req *pb.CreateContainerRequ
 	}
 	var mounted []string
 	for _, s := range req.GetStorages() {
-		mp, err := mountStorage(ctx, s)
+		mp, err := a.mounts.add(ctx, s)
 		if err != nil {
-			unmountAll(mounted)
+			a.mounts.release(mounted)
 			return nil, fmt.Errorf("container %s: %w", id, err)
 		}
 		log.Printf("container %s storage %s %s mounted on %s", id, s.GetDriver(), s.GetSource(), mp)
@@ -229,8 +239,20 @@ func (a *agent) CreateContainer(ctx context.Context, req *pb.CreateContainerRequ
 		rootfs = filepath.Join(sharedContainersDir, id, rootfs)
 	}
 	if fi, err := os.Stat(rootfs); err != nil || !fi.IsDir() {
-		unmountAll(mounted)
+		a.mounts.release(mounted)
 		return nil, status.Errorf(codes.NotFound, "container %s: rootfs %s is not a directory (%v)", id, rootfs, err)
+	}
+	if _, err := processPrivileges(spec.GetProcess(), spec.GetLinux().GetSeccomp()); err != nil {
+		unmountAll(mounted)
+		return nil, fmt.Errorf("container %s: %w", id, err)
+	}
+	if prog, skipped, _ := compileSeccomp(spec.GetLinux().GetSeccomp()); prog != nil {
+		log.Printf("container %s: seccomp filter of %d instructions; syscalls unknown to this architecture, skipped: %v", id, len(prog.Filter), skipped)
+	}
+	cg, err := a.cgroups.create(id, spec)
+	if err != nil {
+		unmountAll(mounted)
+		return nil, err
 	}
 	execID := req.GetExecId()
 	if execID == "" {
@@ -242,6 +264,7 @@ func (a *agent) CreateContainer(ctx context.Context, req *pb.CreateContainerRequ
 		rootfs:   rootfs,
 		storages: mounted,
 		init:     newProcess(execID),
+		cgroup:   cg,
 		execs:    map[string]*process{},
 	}
 	return &emptypb.Empty{}, nil
@@ -284,6 +307,14 @@ func (a *agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 		return nil, status.Errorf(codes.FailedPrecondition, "container %s already started", c.id)
 	}
 	proc := c.spec.GetProcess()
+	size, err := terminalSize(proc)
+	if err != nil {
+		return nil, err
+	}
+	priv, err := processPrivileges(proc, c.spec.GetLinux().GetSeccomp())
+	if err != nil {
+		return nil, fmt.Errorf("container %s: %w", c.id, err)
+	}
 	cfg := initConfig{
 		Rootfs:   c.rootfs,
 		Readonly: c.spec.GetRoot().GetReadonly(),
@@ -291,9 +322,10 @@ func (a *agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 		Args:     proc.GetArgs(),
 		Env:      proc.GetEnv(),
 		Cwd:      proc.GetCwd(),
-		UID:      proc.GetUser().GetUID(),
-		GID:      proc.GetUser().GetGID(),
-		Groups:   proc.GetUser().GetAdditionalGids(),
+		Terminal: proc.GetTerminal(),
+		Console:  size,
+		// The user, capabilities, rlimits, no_new_privs and seccomp filter.
+		Privileges: priv,
 	}
 	for _, m := range c.spec.GetMounts() {
 		cfg.Mounts = append(cfg.Mounts, mountEntry{Destination: m.GetDestination(), Source: m.GetSource(), Type: m.GetType(), Options: m.GetOptions()})
@@ -317,9 +349,17 @@ func (a *agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags: cloneFlags(c.spec),
 			Setsid:     true,
+			// clone3 straight into the container's cgroup: nothing of the
+			// container runs outside its limits.
+			UseCgroupFD: true,
+			CgroupFD:    c.cgroup.fd,
 		},
 	}
-	err = p.start(cmd, func() error { return cmd.Start() })
+	if cfg.Terminal {
+		err = startInitTerminal(p, cmd)
+	} else {
+		err = p.start(cmd, func() error { return cmd.Start() })
+	}
 	syncW.Close()
 	if err != nil {
 		return nil, fmt.Errorf("container %s: start init: %w", c.id, err)
@@ -443,36 +483,58 @@ func (a *agent) ExecProcess(ctx context.Context, req *pb.ExecProcessRequest) (*e
 	if !c.init.running() {
 		return nil, status.Errorf(codes.FailedPrecondition, "container %s is not running", c.id)
 	}
+	if c.cgroup.frozen() {
+		// The exec would start frozen, and its start would never report.
+		return nil, status.Errorf(codes.FailedPrecondition, "container %s is paused: resume it first", c.id)
+	}
 	proc := req.GetProcess()
 	if proc == nil || len(proc.GetArgs()) == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "container %s exec %s: no args", c.id, execID)
 	}
-	if proc.GetTerminal() {
-		return nil, status.Errorf(codes.Unimplemented, "exec %s: terminals are not supported by the test agent", execID)
+	size, err := terminalSize(proc)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "container %s exec %s: %v", c.id, execID, status.Convert(err).Message())
 	}
+	// An exec gets the container's seccomp profile, as under Kata's agent.
+	priv, err := processPrivileges(proc, c.spec.GetLinux().GetSeccomp())
+	if err != nil {
+		return nil, fmt.Errorf("container %s exec %s: %w", c.id, execID, err)
+	}
+	xc := &execConfig{Args: proc.GetArgs(), Env: proc.GetEnv(), Cwd: proc.GetCwd(), Privileges: priv}
+	syncR, syncW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer syncR.Close()
 	p := newProcess(execID)
 	cmd := &exec.Cmd{
-		Args: proc.GetArgs(),
-		Env:  proc.GetEnv(),
-		Dir:  proc.GetCwd(),
+		// The exec helper (privileges.go), through the container's /proc:
+		// the process forks in the container's mount namespace.
+		Path:       "/proc/self/exe",
+		Args:       []string{"/init", execInitArg},
+		ExtraFiles: []*os.File{syncW},
 		SysProcAttr: &syscall.SysProcAttr{
-			Setsid: true,
-			Credential: &syscall.Credential{
-				Uid:    proc.GetUser().GetUID(),
-				Gid:    proc.GetUser().GetGID(),
-				Groups: proc.GetUser().GetAdditionalGids(),
-			},
+			Setsid:      true,
+			UseCgroupFD: true,
+			CgroupFD:    c.cgroup.fd,
 		},
 	}
-	if cmd.Dir == "" {
-		cmd.Dir = "/"
+	pid := c.init.cmd.Process.Pid
+	if proc.GetTerminal() {
+		err = p.startTerminal(cmd, func() (*os.File, error) { return startExecTerminal(pid, cmd, xc, size) })
+	} else {
+		err = p.start(cmd, func() error { return startInNamespaces(pid, cmd, xc, nil) })
 	}
-	err := p.start(cmd, func() error { return startInNamespaces(c.init.cmd.Process.Pid, cmd) })
+	syncW.Close()
 	if err != nil {
 		if errors.Is(err, exec.ErrNotFound) {
 			return nil, status.Errorf(codes.NotFound, "container %s exec %s: %v", c.id, execID, err)
 		}
 		return nil, fmt.Errorf("container %s exec %s: %w", c.id, execID, err)
+	}
+	if msg, _ := io.ReadAll(io.LimitReader(syncR, 64<<10)); len(msg) > 0 {
+		<-p.done
+		return nil, status.Errorf(codes.FailedPrecondition, "container %s exec %s: %s", c.id, execID, msg)
 	}
 	c.execs[execID] = p
 	log.Printf("container %s exec %s started: pid %d %q", c.id, execID, cmd.Process.Pid, cmd.Args)
@@ -481,18 +543,19 @@ func (a *agent) ExecProcess(ctx context.Context, req *pb.ExecProcessRequest) (*e
 
 // startInNamespaces starts cmd inside the namespaces of process pid; see
 // ExecProcess for why a dedicated, never-unlocked OS thread does it.
-func startInNamespaces(pid int, cmd *exec.Cmd) error {
+// prepare, if not nil, runs on that thread once it joined them.
+func startInNamespaces(pid int, cmd *exec.Cmd, xc *execConfig, prepare func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		// No UnlockOSThread: the thread's namespaces no longer match the rest
 		// of the agent, so the runtime must discard it when we return.
-		errc <- joinAndStart(pid, cmd)
+		errc <- joinAndStart(pid, cmd, xc, prepare)
 	}()
 	return <-errc
 }
 
-func joinAndStart(pid int, cmd *exec.Cmd) error {
+func joinAndStart(pid int, cmd *exec.Cmd, xc *execConfig, prepare func() error) error {
 	namespaces := []struct {
 		name string
 		typ  int
@@ -519,11 +582,27 @@ func joinAndStart(pid int, cmd *exec.Cmd) error {
 			return fmt.Errorf("join %s namespace of pid %d: %w", ns.name, pid, err)
 		}
 	}
-	path, err := lookPath(cmd.Args[0], cmd.Env)
+	path, err := lookPath(xc.Args[0], xc.Env)
 	if err != nil {
 		return err
 	}
-	cmd.Path = path
+	xc.Path = path
+	// The child resolves /proc/self/exe in the container's procfs (this
+	// thread's /proc/self is not in it: it has not joined the PID namespace).
+	var st unix.Statfs_t
+	if err := unix.Statfs("/proc", &st); err != nil || st.Type != unix.PROC_SUPER_MAGIC {
+		return fmt.Errorf("the exec helper starts through the container's /proc/self/exe, and the container has no procfs on /proc (%v)", err)
+	}
+	blob, err := json.Marshal(xc)
+	if err != nil {
+		return err
+	}
+	cmd.Env = []string{initConfigEnv + "=" + string(blob)}
+	if prepare != nil {
+		if err := prepare(); err != nil {
+			return err
+		}
+	}
 	return cmd.Start()
 }
 
@@ -673,7 +752,8 @@ func (a *agent) RemoveContainer(ctx context.Context, req *pb.RemoveContainerRequ
 	if !c.killAll(ctx, timeout) {
 		return nil, status.Errorf(codes.DeadlineExceeded, "container %s: processes still running after %s", c.id, timeout)
 	}
-	unmountAll(c.storages)
+	a.cgroups.remove(c.cgroup)
+	a.mounts.release(c.storages)
 	a.mu.Lock()
 	delete(a.containers, c.id)
 	a.mu.Unlock()
@@ -757,15 +837,31 @@ func (a *agent) WriteStdin(_ context.Context, req *pb.WriteStreamRequest) (*pb.W
 
 // CloseStdin implements grpc.AgentService.
 func (a *agent) CloseStdin(_ context.Context, req *pb.CloseStdinRequest) (*emptypb.Empty, error) {
-	_, p, err := a.lookup(req.GetContainerId(), req.GetExecId())
+	c, p, err := a.lookup(req.GetContainerId(), req.GetExecId())
 	if err != nil {
 		return nil, err
+	}
+	if p.started.Load() && p.tty != nil {
+		if err := p.endTerminalInput(); err != nil {
+			return nil, fmt.Errorf("container %s: close stdin of %s: %w", c.id, p.execID, err)
+		}
+		return &emptypb.Empty{}, nil
 	}
 	p.closeStdin()
 	return &emptypb.Empty{}, nil
 }
 
-// TtyWinResize implements grpc.AgentService; the test agent has no terminals.
-func (a *agent) TtyWinResize(context.Context, *pb.TtyWinResizeRequest) (*emptypb.Empty, error) {
-	return nil, status.Error(codes.Unimplemented, "terminals are not supported by the test agent")
+// TtyWinResize implements grpc.AgentService: it resizes a process's terminal.
+func (a *agent) TtyWinResize(_ context.Context, req *pb.TtyWinResizeRequest) (*emptypb.Empty, error) {
+	c, p, err := a.lookup(req.GetContainerId(), req.GetExecId())
+	if err != nil {
+		return nil, err
+	}
+	if err := p.resizeTerminal(req.GetRow(), req.GetColumn()); err != nil {
+		if _, ok := status.FromError(err); ok {
+			return nil, status.Errorf(status.Code(err), "container %s: %s", c.id, status.Convert(err).Message())
+		}
+		return nil, fmt.Errorf("container %s: %w", c.id, err)
+	}
+	return &emptypb.Empty{}, nil
 }

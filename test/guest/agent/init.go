@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -32,9 +33,12 @@ type initConfig struct {
 	Args     []string     `json:"args"`
 	Env      []string     `json:"env"`
 	Cwd      string       `json:"cwd"`
-	UID      uint32       `json:"uid"`
-	GID      uint32       `json:"gid"`
-	Groups   []uint32     `json:"groups"`
+	// Terminal gives the process a pty of the container (see pty.go).
+	Terminal bool         `json:"terminal"`
+	Console  *consoleSize `json:"console,omitempty"`
+	// Privileges are the user, capabilities, rlimits and no_new_privs
+	// applied last, before the exec (privileges.go).
+	Privileges privileges `json:"privileges"`
 }
 
 type mountEntry struct {
@@ -58,6 +62,9 @@ var defaultMounts = []mountEntry{
 // into the rootfs, drops to the process user and execs the OCI process.
 // Any failure is written to the sync fd and ends the helper with status 127.
 func containerInit() {
+	// Capabilities and no_new_privs are per thread: set them on the
+	// thread that execs.
+	runtime.LockOSThread()
 	sync := os.NewFile(initSyncFd, "sync")
 	unix.CloseOnExec(initSyncFd)
 	err := setupAndExec()
@@ -81,7 +88,15 @@ func setupAndExec() error {
 			return fmt.Errorf("sethostname: %w", err)
 		}
 	}
-	if err := setUser(cfg.UID, cfg.GID, cfg.Groups); err != nil {
+	if cfg.Terminal {
+		if err := setupConsole(&cfg); err != nil {
+			return err
+		}
+	}
+	if err := applyRlimits(cfg.Privileges.Rlimits); err != nil {
+		return err
+	}
+	if err := applyPrivileges(cfg.Privileges); err != nil {
 		return err
 	}
 	cwd := cfg.Cwd
@@ -200,15 +215,32 @@ func mountInRootfs(root string, m mountEntry) error {
 		return fmt.Errorf("mount destination %q is not absolute", m.Destination)
 	}
 	dest := filepath.Join(root, filepath.Clean(m.Destination))
-	// Refuse symlinks on the way: they could point outside the rootfs.
-	if err := mkdirNoSymlinks(root, dest); err != nil {
-		return fmt.Errorf("mount %s: %w", m.Destination, err)
-	}
 	flags, data := mount.ParseOptions(m.Options)
 	typ := m.Type
 	if typ == "bind" {
 		typ = ""
 		flags |= unix.MS_BIND
+	}
+	// A file can only be bound over a file (/etc/hosts, a single-file
+	// volume), a directory only over a directory.
+	fileBind := false
+	if flags&unix.MS_BIND != 0 {
+		fi, err := os.Stat(m.Source)
+		if err != nil {
+			return fmt.Errorf("mount %s: bind source: %w", m.Destination, err)
+		}
+		fileBind = !fi.IsDir()
+	}
+	// Refuse symlinks on the way: they could point outside the rootfs.
+	if fileBind {
+		if err := mkdirNoSymlinks(root, filepath.Dir(dest)); err != nil {
+			return fmt.Errorf("mount %s: %w", m.Destination, err)
+		}
+		if err := makeFileNoSymlink(dest); err != nil {
+			return fmt.Errorf("mount %s: %w", m.Destination, err)
+		}
+	} else if err := mkdirNoSymlinks(root, dest); err != nil {
+		return fmt.Errorf("mount %s: %w", m.Destination, err)
 	}
 	propagation := flags & (unix.MS_PRIVATE | unix.MS_SHARED | unix.MS_SLAVE | unix.MS_UNBINDABLE)
 	flags &^= propagation
@@ -229,6 +261,27 @@ func mountInRootfs(root string, m mountEntry) error {
 		if err := unix.Mount("", dest, "", propagation|flags&unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("set propagation of %s: %w", m.Destination, err)
 		}
+	}
+	return nil
+}
+
+// makeFileNoSymlink makes sure path is a file to bind a file over,
+// creating an empty one if need be; a symlink or a directory is refused.
+func makeFileNoSymlink(path string) error {
+	fi, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY|unix.O_NOFOLLOW, 0o644)
+		if err != nil {
+			return err
+		}
+		return f.Close()
+	case err != nil:
+		return err
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return fmt.Errorf("%s is a symlink", path)
+	case fi.IsDir():
+		return fmt.Errorf("%s is a directory: a file cannot be bound over it", path)
 	}
 	return nil
 }
@@ -256,23 +309,6 @@ func mkdirNoSymlinks(root, dest string) error {
 		case fi.Mode()&fs.ModeSymlink != 0:
 			return fmt.Errorf("%s is a symlink", cur)
 		}
-	}
-	return nil
-}
-
-func setUser(uid, gid uint32, groups []uint32) error {
-	gs := make([]int, len(groups))
-	for i, g := range groups {
-		gs[i] = int(g)
-	}
-	if err := unix.Setgroups(gs); err != nil {
-		return fmt.Errorf("setgroups: %w", err)
-	}
-	if err := unix.Setresgid(int(gid), int(gid), int(gid)); err != nil {
-		return fmt.Errorf("setgid %d: %w", gid, err)
-	}
-	if err := unix.Setresuid(int(uid), int(uid), int(uid)); err != nil {
-		return fmt.Errorf("setuid %d: %w", uid, err)
 	}
 	return nil
 }

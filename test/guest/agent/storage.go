@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -20,6 +21,55 @@ import (
 // blkWaitTimeout bounds the wait for a (possibly hot-plugged) block device.
 const blkWaitTimeout = 20 * time.Second
 
+// storageSet is the agent's mounted storages by mount point, with the
+// number of users of each: the containers of a pod share a storage (the
+// volumes' share, an emptyDir's tmpfs) by naming its mount point, as with
+// Kata's agent, and it is unmounted when its last user goes.
+type storageSet struct {
+	mu   sync.Mutex
+	refs map[string]int
+}
+
+// add mounts a storage, or counts one more user of the one already
+// mounted at its mount point, and returns the mount point.
+func (ss *storageSet) add(ctx context.Context, s *pb.Storage) (string, error) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.refs == nil {
+		ss.refs = map[string]int{}
+	}
+	mp := filepath.Clean(s.GetMountPoint())
+	if ss.refs[mp] > 0 {
+		ss.refs[mp]++
+		return mp, nil
+	}
+	mp, err := mountStorage(ctx, s)
+	if err != nil {
+		return "", err
+	}
+	ss.refs[mp] = 1
+	return mp, nil
+}
+
+// release drops one user of each mount point, in reverse order, and
+// unmounts those that have none left.
+func (ss *storageSet) release(mps []string) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	var unused []string
+	for i := len(mps) - 1; i >= 0; i-- {
+		if ss.refs[mps[i]]--; ss.refs[mps[i]] <= 0 {
+			delete(ss.refs, mps[i])
+			unused = append(unused, mps[i])
+		}
+	}
+	// unmountAll takes mount order and unmounts from the end.
+	for i, j := 0, len(unused)-1; i < j; i, j = i+1, j-1 {
+		unused[i], unused[j] = unused[j], unused[i]
+	}
+	unmountAll(unused)
+}
+
 // mountStorage mounts one Kata Storage and returns its mount point.
 func mountStorage(ctx context.Context, s *pb.Storage) (string, error) {
 	mp := s.GetMountPoint()
@@ -30,7 +80,11 @@ func mountStorage(ctx context.Context, s *pb.Storage) (string, error) {
 	if err := os.MkdirAll(mp, 0o755); err != nil {
 		return "", fmt.Errorf("storage %q: %w", s.GetDriver(), err)
 	}
-	flags, data := mount.ParseOptions(s.GetOptions())
+	opts, fsGID, err := takeFSGroup(s.GetOptions())
+	if err != nil {
+		return "", fmt.Errorf("storage %q on %s: %w", s.GetDriver(), mp, err)
+	}
+	flags, data := mount.ParseOptions(opts)
 	source, fstype := s.GetSource(), s.GetFstype()
 	switch s.GetDriver() {
 	case "virtio-fs":
@@ -60,10 +114,61 @@ func mountStorage(ctx context.Context, s *pb.Storage) (string, error) {
 	default:
 		return "", fmt.Errorf("storage driver %q is not supported by the test agent", s.GetDriver())
 	}
-	if err := unix.Mount(source, mp, fstype, flags, data); err != nil {
+	if err := mountRetryingNewDisk(ctx, source, mp, fstype, flags, data, blkDriver(s.GetDriver())); err != nil {
 		return "", fmt.Errorf("mount %s (%s, %s, %q) on %s: %w", source, s.GetDriver(), fstype, data, mp, err)
 	}
+	if fsGID >= 0 {
+		// Kata's fsGroup of a volume: the pod's group owns its root.
+		if err := os.Lchown(mp, -1, fsGID); err != nil {
+			unix.Unmount(mp, unix.MNT_DETACH)
+			return "", fmt.Errorf("storage %q on %s: chown to fsGroup %d: %w", s.GetDriver(), mp, fsGID, err)
+		}
+	}
 	return mp, nil
+}
+
+func blkDriver(d string) bool {
+	return d == "blk" || d == "virtio-blk" || d == "virtio-blk-pci"
+}
+
+// mountRetryingNewDisk mounts, and for a disk retries ENXIO for a while:
+// the kernel creates a hot-plugged disk's /dev node before the disk can be
+// opened (device_add comes before bdev_add), so a mount in that window
+// fails with "no such device or address".
+func mountRetryingNewDisk(ctx context.Context, source, mp, fstype string, flags uintptr, data string, disk bool) error {
+	ctx, cancel := context.WithTimeout(ctx, blkWaitTimeout)
+	defer cancel()
+	for {
+		err := unix.Mount(source, mp, fstype, flags, data)
+		if err == nil || !disk || !errors.Is(err, unix.ENXIO) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// takeFSGroup removes Kata's fsgid=N option (the pod's fsGroup, which is
+// no mount option) from a storage's options; the group is -1 without one.
+func takeFSGroup(opts []string) ([]string, int, error) {
+	gid := -1
+	var out []string
+	for _, o := range opts {
+		v, ok := strings.CutPrefix(o, "fsgid=")
+		if !ok {
+			out = append(out, o)
+			continue
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return nil, 0, fmt.Errorf("bad option %q: want fsgid=<group id>", o)
+		}
+		gid = n
+	}
+	return out, gid, nil
 }
 
 func addDefault(data, key, value string) string {

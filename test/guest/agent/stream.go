@@ -56,6 +56,11 @@ func (b *outputBuffer) fill(r *os.File, stop <-chan struct{}) {
 			break
 		}
 	}
+	b.end()
+}
+
+// end marks the end of the stream: readers get what is left, then EOF.
+func (b *outputBuffer) end() {
 	b.mu.Lock()
 	b.eof = true
 	b.notifyLocked()
