@@ -174,7 +174,7 @@ func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	info := BuildInfo{Source: positional[0], Started: time.Now().UTC()}
 	progress.Describe("indexing " + positional[0])
 	t0 := time.Now()
-	idx, err := blk.IndexSource(ctx, positional[0], *cache)
+	idx, err := blk.IndexSource(ctx, positional[0], *cache, budgets)
 	if err != nil {
 		return err
 	}
@@ -183,7 +183,7 @@ func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	progress.Describe(fmt.Sprintf("synthesizing ext4 metadata for %d entries", len(idx.Entries)))
 	t1 := time.Now()
 	opts := ext4.Options{WritableSize: ws, JournalSize: js, NoJournal: !*journal,
-		MaxMetadataBytes: budgets[0], MaxBuildMemory: budgets[1]}
+		MaxMetadataBytes: budgets.MaxMetadataBytes, MaxBuildMemory: budgets.MaxBuildMemory}
 	// The metadata file is made beside the output, so that writing it
 	// there copies within one file system (and not into a tmpfs /tmp).
 	if st, err := os.Stat(filepath.Dir(filepath.Clean(*out))); err == nil && st.IsDir() {
@@ -218,13 +218,17 @@ func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 
 // buildBudgets returns the metadata and build memory budgets: the flags
 // when given, else the configuration's.
-func buildBudgets(maxMeta, maxMem string) ([2]int64, error) {
+func buildBudgets(maxMeta, maxMem string) (blk.Budgets, error) {
 	b := config.Default().KataFSX.ImagefsBlk
 	if c, err := config.Load("", config.DevPath()); err == nil {
 		b = c.KataFSX.ImagefsBlk
 	}
-	out := [2]int64{int64(b.MaxMetadataMB) << 20, int64(b.MaxBuildMemoryMB) << 20}
-	for i, f := range []struct{ name, v string }{{"--max-metadata", maxMeta}, {"--max-build-memory", maxMem}} {
+	entries, layer, meta, mem := b.Budgets()
+	out := blk.Budgets{MaxEntries: entries, MaxLayerBytes: layer, MaxMetadataBytes: meta, MaxBuildMemory: mem}
+	for _, f := range []struct {
+		name, v string
+		dst     *int64
+	}{{"--max-metadata", maxMeta, &out.MaxMetadataBytes}, {"--max-build-memory", maxMem, &out.MaxBuildMemory}} {
 		if f.v == "" {
 			continue
 		}
@@ -232,7 +236,7 @@ func buildBudgets(maxMeta, maxMem string) ([2]int64, error) {
 		if err != nil || v == 0 {
 			return out, usageError{fmt.Errorf("%s: want a positive size, e.g. 512M: %q", f.name, f.v)}
 		}
-		out[i] = v
+		*f.dst = v
 	}
 	return out, nil
 }

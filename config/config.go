@@ -143,6 +143,12 @@ type ImagefsBlk struct {
 	MaxBuildMemoryMB uint64 `toml:"max_build_memory_mb"` // memory one image build holds, by its accounting
 }
 
+// Budgets returns the max_* keys in bytes (entries as a count), for the
+// image build.
+func (b ImagefsBlk) Budgets() (entries int, layerBytes, metadataBytes, buildMemory int64) {
+	return int(b.MaxEntries), int64(b.MaxLayerMB) << 20, int64(b.MaxMetadataMB) << 20, int64(b.MaxBuildMemoryMB) << 20
+}
+
 // KataFSX is the [kata_fsx] table: everything Kata's own loader does not know.
 type KataFSX struct {
 	// SharedFS, when set, overrides hypervisor.qemu.shared_fs so that the
@@ -238,7 +244,7 @@ func Default() *Config {
 				JournalSizeMB:  16,
 				// Equal to blk/index's and blk/ext4's defaults.
 				MaxEntries:       1 << 22,
-				MaxLayerMB:       64 << 10,
+				MaxLayerMB:       16 << 10,
 				MaxMetadataMB:    4 << 10,
 				MaxBuildMemoryMB: 1 << 10,
 			},
