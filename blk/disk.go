@@ -50,6 +50,23 @@ type Options struct {
 	// unix socket paths are limited to 107 bytes, so callers with deep
 	// directories put it somewhere shorter.
 	Socket string
+	// Budgets bound what the image may make Create and Build spend.
+	Budgets Budgets
+}
+
+// Budgets bound what one image may make a build spend (the
+// [kata_fsx.imagefs_blk] max_* keys); a zero field keeps the package
+// default of index or ext4.
+type Budgets struct {
+	MaxEntries       int   // entries of one layer and of the merged tree
+	MaxLayerBytes    int64 // one layer, uncompressed
+	MaxMetadataBytes int64 // synthesized ext4 metadata
+	MaxBuildMemory   int64 // the build's accounting of its in-memory tables
+}
+
+// indexOptions are the index options that carry b.
+func (b Budgets) indexOptions(cacheDir string, keys []string) index.Options {
+	return index.Options{CacheDir: cacheDir, LayerKeys: keys, MaxEntries: b.MaxEntries, MaxBlobSize: b.MaxLayerBytes}
 }
 
 // segMax is the seg_max matching a queue of n descriptors: a request's
@@ -96,7 +113,7 @@ const (
 // Build indexes layers (lowest first; a plain directory is one layer) and
 // synthesizes the image into dir/image.
 func Build(ctx context.Context, layers []string, dir string, opts Options) (*ext4.Image, error) {
-	idx, err := overlayfs.FromLayers(ctx, layers, index.Options{CacheDir: opts.CacheDir, LayerKeys: opts.LayerKeys})
+	idx, err := overlayfs.FromLayers(ctx, layers, opts.Budgets.indexOptions(opts.CacheDir, opts.LayerKeys))
 	if err != nil {
 		return nil, fmt.Errorf("imagefs-blk: index rootfs: %w", err)
 	}
@@ -104,7 +121,11 @@ func Build(ctx context.Context, layers []string, dir string, opts Options) (*ext
 }
 
 func synthesize(ctx context.Context, idx *index.Index, dir string, opts Options) (*ext4.Image, error) {
-	eo := ext4.Options{BlockSize: opts.BlockSize, WritableSize: opts.WritableSize, JournalSize: opts.JournalSize, NoJournal: !opts.Journal}
+	eo := ext4.Options{BlockSize: opts.BlockSize, WritableSize: opts.WritableSize, JournalSize: opts.JournalSize, NoJournal: !opts.Journal,
+		MaxMetadataBytes: opts.Budgets.MaxMetadataBytes, MaxBuildMemory: opts.Budgets.MaxBuildMemory,
+		// The metadata is written beside the image it becomes, not in a
+		// tmpfs /tmp that the guests' memory may share.
+		TempDir: dir}
 	if opts.WritableSize == 0 {
 		eo.WritableSize = -1
 	}

@@ -20,12 +20,12 @@ var ErrSourceSpec = errors.New("bad image source")
 // (lowest first), oci:PATH[:TAG] (an OCI layout) or oci-archive:PATH[:TAG]
 // (an OCI or docker-save archive). OCI sources need cacheDir for their
 // uncompressed layers.
-func IndexSource(ctx context.Context, spec, cacheDir string) (*index.Index, error) {
+func IndexSource(ctx context.Context, spec, cacheDir string, budgets Budgets) (*index.Index, error) {
 	kind, rest, ok := strings.Cut(spec, ":")
 	if !ok || rest == "" {
 		return nil, fmt.Errorf("%w: source %q: want dir:PATH, layers:L1:L2:..., oci:PATH[:TAG] or oci-archive:PATH[:TAG]", ErrSourceSpec, spec)
 	}
-	opts := index.Options{CacheDir: cacheDir}
+	opts := budgets.indexOptions(cacheDir, nil)
 	switch kind {
 	case "dir":
 		return hostfs.FromDir(ctx, rest, opts)

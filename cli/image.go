@@ -126,6 +126,8 @@ func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	journalSize := fs.String("journal-size", "16M", "journal size")
 	cache := fs.String("cache", "", "index and blob cache directory (default: $KATA_FSX_CACHE or <imagefs_blk.state_dir>/cache)")
 	quiet := fs.Bool("q", false, "no progress output")
+	maxMeta := fs.String("max-metadata", "", "metadata budget (default: kata_fsx.imagefs_blk.max_metadata_mb)")
+	maxMem := fs.String("max-build-memory", "", "build memory budget (default: kata_fsx.imagefs_blk.max_build_memory_mb)")
 	// Flags may follow the source, as in the usage line.
 	var positional []string
 	rest := args
@@ -153,6 +155,10 @@ func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	if *cache == "" {
 		*cache = defaultCacheDir()
 	}
+	budgets, err := buildBudgets(*maxMeta, *maxMem)
+	if err != nil {
+		return err
+	}
 	// A build that fails or is interrupted leaves no output directory it
 	// created: a half-written image must not be mistaken for one.
 	if _, serr := os.Lstat(*out); errors.Is(serr, os.ErrNotExist) {
@@ -168,7 +174,7 @@ func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	info := BuildInfo{Source: positional[0], Started: time.Now().UTC()}
 	progress.Describe("indexing " + positional[0])
 	t0 := time.Now()
-	idx, err := blk.IndexSource(ctx, positional[0], *cache)
+	idx, err := blk.IndexSource(ctx, positional[0], *cache, budgets)
 	if err != nil {
 		return err
 	}
@@ -176,7 +182,13 @@ func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	info.Entries = len(idx.Entries)
 	progress.Describe(fmt.Sprintf("synthesizing ext4 metadata for %d entries", len(idx.Entries)))
 	t1 := time.Now()
-	opts := ext4.Options{WritableSize: ws, JournalSize: js, NoJournal: !*journal}
+	opts := ext4.Options{WritableSize: ws, JournalSize: js, NoJournal: !*journal,
+		MaxMetadataBytes: budgets.MaxMetadataBytes, MaxBuildMemory: budgets.MaxBuildMemory}
+	// The metadata file is made beside the output, so that writing it
+	// there copies within one file system (and not into a tmpfs /tmp).
+	if st, err := os.Stat(filepath.Dir(filepath.Clean(*out))); err == nil && st.IsDir() {
+		opts.TempDir = filepath.Dir(filepath.Clean(*out))
+	}
 	if ws == 0 {
 		opts.WritableSize = -1
 	}
@@ -202,6 +214,31 @@ func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	fmt.Fprintf(stdout, "built %s: %d entries, %s of metadata, %s of data left in place, %s disk (indexed in %.2fs, synthesized in %.2fs)\n",
 		*out, len(idx.Entries), human(mf.MetaBytes), human(mf.DataBytes), human(mf.SizeBytes), info.IndexSeconds, info.BuildSeconds)
 	return nil
+}
+
+// buildBudgets returns the metadata and build memory budgets: the flags
+// when given, else the configuration's.
+func buildBudgets(maxMeta, maxMem string) (blk.Budgets, error) {
+	b := config.Default().KataFSX.ImagefsBlk
+	if c, err := config.Load("", config.DevPath()); err == nil {
+		b = c.KataFSX.ImagefsBlk
+	}
+	entries, layer, meta, mem := b.Budgets()
+	out := blk.Budgets{MaxEntries: entries, MaxLayerBytes: layer, MaxMetadataBytes: meta, MaxBuildMemory: mem}
+	for _, f := range []struct {
+		name, v string
+		dst     *int64
+	}{{"--max-metadata", maxMeta, &out.MaxMetadataBytes}, {"--max-build-memory", maxMem, &out.MaxBuildMemory}} {
+		if f.v == "" {
+			continue
+		}
+		v, err := parseSize(f.v)
+		if err != nil || v == 0 {
+			return out, usageError{fmt.Errorf("%s: want a positive size, e.g. 512M: %q", f.name, f.v)}
+		}
+		*f.dst = v
+	}
+	return out, nil
 }
 
 // progress shows what long work is doing, on a terminal or a log.

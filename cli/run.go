@@ -96,7 +96,9 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer, defaul
 			if *backend != config.SharedFSImagefsBlk {
 				return fail(fmt.Errorf("--rootfs %s: only --backend imagefs-blk reads layers and OCI images; virtio-fs and virtio-9p share a directory", *rootfs))
 			}
-			if idx, err = blk.IndexSource(ctx, *rootfs, filepath.Join(c.KataFSX.ImagefsBlk.StateDir, "cache")); err != nil {
+			entries, layer, _, _ := c.KataFSX.ImagefsBlk.Budgets()
+			budgets := blk.Budgets{MaxEntries: entries, MaxLayerBytes: layer}
+			if idx, err = blk.IndexSource(ctx, *rootfs, filepath.Join(c.KataFSX.ImagefsBlk.StateDir, "cache"), budgets); err != nil {
 				return fail(fmt.Errorf("--rootfs %s: %w", *rootfs, err))
 			}
 			rspec = config.Rootfs{Kind: config.RootfsImage, ImageRef: *rootfs}

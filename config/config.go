@@ -136,6 +136,17 @@ type ImagefsBlk struct {
 	QueueSize      uint32 `toml:"queue_size"`
 	Journal        bool   `toml:"journal"`
 	JournalSizeMB  uint32 `toml:"journal_size_mb"`
+	// Budgets that bound what a hostile image can make a build spend.
+	MaxEntries       uint64 `toml:"max_entries"`         // entries of one layer and of the merged tree
+	MaxLayerMB       uint64 `toml:"max_layer_mb"`        // one layer, uncompressed
+	MaxMetadataMB    uint64 `toml:"max_metadata_mb"`     // synthesized ext4 metadata of one image
+	MaxBuildMemoryMB uint64 `toml:"max_build_memory_mb"` // memory one image build holds, by its accounting
+}
+
+// Budgets returns the max_* keys in bytes (entries as a count), for the
+// image build.
+func (b ImagefsBlk) Budgets() (entries int, layerBytes, metadataBytes, buildMemory int64) {
+	return int(b.MaxEntries), int64(b.MaxLayerMB) << 20, int64(b.MaxMetadataMB) << 20, int64(b.MaxBuildMemoryMB) << 20
 }
 
 // KataFSX is the [kata_fsx] table: everything Kata's own loader does not know.
@@ -231,6 +242,11 @@ func Default() *Config {
 				QueueSize:      256,
 				Journal:        true,
 				JournalSizeMB:  16,
+				// Equal to blk/index's and blk/ext4's defaults.
+				MaxEntries:       1 << 22,
+				MaxLayerMB:       16 << 10,
+				MaxMetadataMB:    4 << 10,
+				MaxBuildMemoryMB: 1 << 10,
 			},
 		},
 	}

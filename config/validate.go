@@ -163,6 +163,21 @@ func Validate(c *Config, host HostFacts) error {
 	if k.StateDir == "" || !strings.HasPrefix(k.StateDir, "/") {
 		add(&Error{Key: "kata_fsx.state_dir", Value: k.StateDir, Problem: "must be an absolute path", Fix: "use /run/kata-fsx"})
 	}
+	for _, bud := range []struct {
+		key string
+		v   uint64
+		max uint64
+		fix string
+	}{
+		{"max_entries", b.MaxEntries, 1 << 28, "use 4194304 (the default)"},
+		{"max_layer_mb", b.MaxLayerMB, 1 << 30, "use 65536 (the default, 64 GiB)"},
+		{"max_metadata_mb", b.MaxMetadataMB, 1 << 30, "use 4096 (the default, 4 GiB)"},
+		{"max_build_memory_mb", b.MaxBuildMemoryMB, 1 << 30, "use 1024 (the default, 1 GiB)"},
+	} {
+		if bud.v == 0 || bud.v > bud.max {
+			add(&Error{Key: "kata_fsx.imagefs_blk." + bud.key, Value: fmt.Sprint(bud.v), Problem: fmt.Sprintf("budget must be between 1 and %d", bud.max), Fix: bud.fix})
+		}
+	}
 	if b.Journal && b.JournalSizeMB == 0 {
 		add(&Error{Key: "kata_fsx.imagefs_blk.journal_size_mb", Value: "0", Problem: "journal is on but has no size", Fix: "set e.g. 16, or journal = false"})
 	}

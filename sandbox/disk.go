@@ -43,7 +43,9 @@ func (d *podDisk) chardevID() string { return "char-" + d.deviceID }
 // blkOptions maps the [kata_fsx.imagefs_blk] table to disk options.
 func blkOptions(c *config.Config) blk.Options {
 	b := c.KataFSX.ImagefsBlk
+	entries, layer, meta, mem := b.Budgets()
 	return blk.Options{
+		Budgets:      blk.Budgets{MaxEntries: entries, MaxLayerBytes: layer, MaxMetadataBytes: meta, MaxBuildMemory: mem},
 		CacheDir:     filepath.Join(b.StateDir, "cache"),
 		WritableSize: int64(b.WritableSizeMB) << 20,
 		BlockSize:    int(b.BlockSize),

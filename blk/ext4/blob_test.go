@@ -54,6 +54,7 @@ func TestBlobSource(t *testing.T) {
 	blobSize := last.Data.Offset + last.Size + 4096
 	img, err := Build(context.Background(), idx, Options{Time: time.Unix(testTime, 0)})
 	must(t, err)
+	defer img.Close()
 	raw := filepath.Join(t.TempDir(), "disk.img")
 	f, err := os.Create(raw)
 	must(t, err)

@@ -41,6 +41,10 @@ func cancelled(ctx context.Context, i int) error {
 }
 
 // Build plans and emits the metadata of an ext4 filesystem holding idx.
+// The metadata goes to an unlinked file in Options.TempDir as it is made;
+// the Image holds it open until Close. A hostile index cannot make it
+// spend more than Options' budgets allow: the error then names the budget
+// (see BudgetError).
 func Build(ctx context.Context, idx *index.Index, opts Options) (*Image, error) {
 	if idx == nil {
 		return nil, fmt.Errorf("%w: nil index", ErrInvalidIndex)
@@ -55,11 +59,16 @@ func Build(ctx context.Context, idx *index.Index, opts Options) (*Image, error) 
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("ext4: build: %w", err)
 	}
-	md, err := emit(ctx, p)
+	md, err := emit(ctx, p, opts.TempDir)
 	if err != nil {
 		return nil, err
 	}
-	return newImage(p, md)
+	img, err := newImage(p, md)
+	if err != nil {
+		md.f.Close()
+		return nil, err
+	}
+	return img, nil
 }
 
 // normalize applies the defaults and checks the options.
@@ -79,6 +88,15 @@ func (o *Options) normalize() error {
 	}
 	if o.JournalSize < 0 || o.JournalSize > 0 && (o.JournalSize/int64(o.BlockSize) < 1024 || o.JournalSize/int64(o.BlockSize) > maxJournalBlocks) {
 		return fmt.Errorf("ext4: journal size %d outside %d..%d blocks", o.JournalSize, 1024, maxJournalBlocks)
+	}
+	if o.MaxMetadataBytes < 0 || o.MaxBuildMemory < 0 {
+		return fmt.Errorf("ext4: negative budget (metadata %d, build memory %d bytes)", o.MaxMetadataBytes, o.MaxBuildMemory)
+	}
+	if o.MaxMetadataBytes == 0 {
+		o.MaxMetadataBytes = DefaultMaxMetadataBytes
+	}
+	if o.MaxBuildMemory == 0 {
+		o.MaxBuildMemory = DefaultMaxBuildMemory
 	}
 	if len(o.VolumeName) > 16 {
 		return fmt.Errorf("ext4: volume name %q longer than 16 bytes", o.VolumeName)
@@ -108,13 +126,17 @@ type plan struct {
 	stored  []brange // blocks whose bytes are in the metadata file, sorted
 	zero    []brange // allocated blocks that read as zeros
 	groups  *groupUse
+	budget  *budget
 }
 
 // makePlan runs the planning phases: scan the index, number the inodes,
 // build the content of directories, symlinks and xattrs, place every
 // block, then derive what the block map and the group descriptors need.
 func makePlan(ctx context.Context, idx *index.Index, opts Options) (*plan, error) {
-	p := &plan{idx: idx, opts: opts}
+	p := &plan{idx: idx, opts: opts, budget: newBudget(&opts)}
+	if err := p.budget.hold(indexBytes(idx)); err != nil {
+		return nil, err
+	}
 	id := identity(idx)
 	p.uuid = opts.UUID
 	if p.uuid == ([16]byte{}) {
@@ -131,19 +153,27 @@ func makePlan(ctx context.Context, idx *index.Index, opts Options) (*plan, error
 
 	bs := uint64(opts.BlockSize)
 	var err error
+	// Charged up front, before the tables are made, so that an index too
+	// large for the memory budget is refused before it is spent.
+	if err := p.budget.hold(uint64(len(idx.Entries)+3) * perNodeBytes); err != nil {
+		return nil, err
+	}
 	if p.tree, err = scan(ctx, idx, bs, !opts.NoJournal); err != nil {
 		return nil, err
 	}
 	if err = p.tree.assignInodes(); err != nil {
 		return nil, err
 	}
-	if p.content, err = planContent(ctx, p.tree, bs, p.hashSeed); err != nil {
+	if p.content, err = planContent(ctx, p.tree, bs, p.hashSeed, p.budget); err != nil {
 		return nil, err
 	}
 	if p.layout, err = searchLayout(ctx, idx, &p.opts, p.tree, p.content); err != nil {
 		return nil, err
 	}
 	if p.stored, p.zero, err = p.layout.storedAndZero(); err != nil {
+		return nil, err
+	}
+	if err := p.budget.hold(uint64(len(p.layout.dataExts)+len(p.stored)+len(p.zero)) * perExtentBytes); err != nil {
 		return nil, err
 	}
 	p.groups = useGroups(p.tree, p.layout)

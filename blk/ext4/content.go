@@ -18,12 +18,15 @@ type contents struct {
 	xblocks []xblock
 }
 
-// content is one node's planned metadata.
+// content is one node's planned metadata. A directory's or slow symlink's
+// blocks are not kept: planContent sizes them and emit makes them again
+// (nodeData) as it writes them, so the memory a build holds grows with the
+// largest directory, not with the sum of all of them.
 type content struct {
-	// data is a directory's blocks, htree index blocks first, without
-	// their dirent tails and dx_tail checksums; or a slow symlink's block.
-	data     []byte
-	dxBlocks int    // leading htree index blocks of data
+	// size is the byte length of the node's blocks: a directory's, htree
+	// index blocks first, or a slow symlink's one block.
+	size     uint64
+	dxBlocks int    // leading htree index blocks of the node's blocks
 	flags    uint32 // i_flags the layout of data needs
 	xattrIn  []byte // InodeXattrSpace bytes of in-inode xattrs, or nil
 	xattrBlk int32  // index into contents.xblocks, or -1
@@ -40,34 +43,64 @@ type xblock struct {
 // (EXT4_XATTR_REFCOUNT_MAX) does.
 const maxXattrRefs = 1024
 
-// planContent builds directory blocks, symlink blocks and xattrs.
-func planContent(ctx context.Context, t *tree, bs uint64, hashSeed [4]uint32) (*contents, error) {
+// planContent sizes directory and symlink blocks and builds xattrs,
+// charging what it keeps to b.
+func planContent(ctx context.Context, t *tree, bs uint64, hashSeed [4]uint32, b *budget) (*contents, error) {
 	c := &contents{nodes: make([]content, len(t.nodes))}
 	xdedup := make(map[string]int32)
+	var meta uint64 // stored bytes planned so far: a lower bound of the metadata
 	for i := range t.nodes {
 		if err := cancelled(ctx, i); err != nil {
 			return nil, err
 		}
 		n, nc := &t.nodes[i], &c.nodes[i]
 		nc.xattrBlk = -1
-		switch {
-		case n.typ == index.TypeDir:
-			if int32(i) == t.lpf {
-				nc.data = lostFound(n, bs)
-			} else if err := buildDir(t, n, nc, bs, hashSeed); err != nil {
-				return nil, err
-			}
-		case n.typ == index.TypeSymlink && len(n.ent.Linkname) > disklayout.FastSymlinkMax:
-			nc.data = make([]byte, bs)
-			copy(nc.data, n.ent.Linkname)
+		data, err := nodeData(t, int32(i), nc, bs, hashSeed)
+		if err != nil {
+			return nil, err
+		}
+		nc.size = uint64(len(data))
+		if err := b.transient(nc.size); err != nil {
+			return nil, err
+		}
+		meta += nc.size
+		if err := b.metadata(meta); err != nil {
+			return nil, err
 		}
 		if n.ent != nil && len(n.ent.Xattrs) > 0 {
+			nx := len(c.xblocks)
 			if err := c.planXattrs(n, nc, bs, xdedup); err != nil {
+				return nil, err
+			}
+			kept := uint64(len(nc.xattrIn))
+			if len(c.xblocks) > nx {
+				kept += bs
+				meta += bs
+			}
+			if err := b.hold(kept); err != nil {
 				return nil, err
 			}
 		}
 	}
 	return c, nil
+}
+
+// nodeData makes node i's directory or slow symlink blocks (nil for other
+// nodes) and sets nc's dxBlocks and flags. It is deterministic: emit calls
+// it again to write what planContent sized.
+func nodeData(t *tree, i int32, nc *content, bs uint64, hashSeed [4]uint32) ([]byte, error) {
+	n := &t.nodes[i]
+	switch {
+	case n.typ == index.TypeDir && i == t.lpf:
+		return lostFound(n, bs), nil
+	case n.typ == index.TypeDir:
+		return buildDir(t, n, nc, bs, hashSeed)
+	case n.typ == index.TypeSymlink && len(n.ent.Linkname) > disklayout.FastSymlinkMax:
+		data := make([]byte, bs)
+		copy(data, n.ent.Linkname)
+		return data, nil
+	}
+	return nil, nil
 }
 
 // lostFound lays out lost+found as mkfs does: "." and ".." in the first of
@@ -98,7 +131,7 @@ type dirEnt struct {
 
 // buildDir lays out a directory: one linear block when everything fits,
 // else an htree (one or two index levels) over hash-ordered leaf blocks.
-func buildDir(t *tree, n *node, nc *content, bs uint64, hashSeed [4]uint32) error {
+func buildDir(t *tree, n *node, nc *content, bs uint64, hashSeed [4]uint32) ([]byte, error) {
 	b := int(bs)
 	leafCap := b - disklayout.DirentTailSize
 	ents := make([]dirEnt, len(n.kids))
@@ -122,8 +155,7 @@ func buildDir(t *tree, n *node, nc *content, bs uint64, hashSeed [4]uint32) erro
 			off += disklayout.PutDirent(blk[off:], e.ino, disklayout.RecLen(len(e.name)), e.ft, e.name)
 		}
 		disklayout.SetDirentRecLen(blk[last:], leafCap-last)
-		nc.data = blk
-		return nil
+		return blk, nil
 	}
 
 	unsigned := false // s_flags says signed, as mkfs on x86
@@ -161,12 +193,12 @@ func buildDir(t *tree, n *node, nc *content, bs uint64, hashSeed [4]uint32) erro
 	if len(leaves) > rootLimit {
 		nnodes = (len(leaves) + nodeLimit - 1) / nodeLimit
 		if nnodes > rootLimit {
-			return pathErr(n.path, "%d entries need more than two htree levels (large_dir)", len(ents))
+			return nil, pathErr(n.path, "%d entries need more than two htree levels (large_dir)", len(ents))
 		}
 	}
 	nblocks := 1 + nnodes + len(leaves)
 	if uint64(nblocks)*bs > math.MaxUint32 {
-		return pathErr(n.path, "directory too large")
+		return nil, pathErr(n.path, "directory too large")
 	}
 	data := make([]byte, nblocks*b)
 	firstLeaf := 1 + nnodes
@@ -205,10 +237,9 @@ func buildDir(t *tree, n *node, nc *content, bs uint64, hashSeed [4]uint32) erro
 		}
 		disklayout.PutDxEntries(root, disklayout.DxRootCountOffset, rootLimit, rkeys, rblocks)
 	}
-	nc.data = data
 	nc.dxBlocks = 1 + nnodes
 	nc.flags |= disklayout.InodeIndexFl
-	return nil
+	return data, nil
 }
 
 // xattr is one attribute in stored form.

@@ -189,6 +189,7 @@ func buildExport(t testing.TB, idx *index.Index, opts Options, dir string) (*Ima
 	t.Helper()
 	img, err := Build(context.Background(), idx, opts)
 	must(t, err)
+	t.Cleanup(func() { img.Close() })
 	out := filepath.Join(dir, "disk.img")
 	f, err := os.Create(out)
 	must(t, err)
@@ -525,6 +526,7 @@ func TestDeterministic(t *testing.T) {
 	for round := 0; round < 2; round++ {
 		img, err := Build(context.Background(), idx, Options{Time: time.Unix(testTime, 5)})
 		must(t, err)
+		defer img.Close()
 		dir := t.TempDir()
 		must(t, img.WriteTo(dir))
 		var cur [][]byte

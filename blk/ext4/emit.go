@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/bits"
+	"os"
 	"sort"
 
 	"github.com/kata-fsx/kata-fsx/blk/ext4/disklayout"
@@ -23,7 +24,8 @@ const (
 // metadata is what emit writes: the metadata file and where each stored
 // and shared range sits in it.
 type metadata struct {
-	bytes     []byte
+	f         *os.File // unlinked temporary file, closed by Image.Close
+	size      uint64
 	storedOff []uint64 // byte offset of plan.stored[i]
 	shared    []sharedRange
 	sharedOff []uint64 // byte offset of the content with id i
@@ -38,27 +40,54 @@ type sharedRange struct {
 	id int // index into metadata.sharedOff
 }
 
-// emitter writes a plan's bytes.
+// emitter writes a plan's bytes straight to the metadata file, block by
+// block, so that what it holds is one node's blocks at a time.
 type emitter struct {
-	p  *plan
-	bs uint64
-	md *metadata
+	p   *plan
+	bs  uint64
+	md  *metadata
+	err error // first write error; later writes are skipped
 	// journalInode is kept for the superblock's s_jnl_blocks copy.
 	journalInode disklayout.Inode
+	blk          []byte // scratch block
 }
 
 // emit writes every stored block of the plan and the shared group tables
-// into the metadata file, computing every checksum.
-func emit(ctx context.Context, p *plan) (*metadata, error) {
-	e := &emitter{p: p, bs: p.layout.bs, md: &metadata{}}
+// into a metadata file created in dir (the system's temporary directory
+// when empty), computing every checksum. The file is unlinked at once, so
+// a failed or killed build leaves nothing behind.
+func emit(ctx context.Context, p *plan, dir string) (md *metadata, err error) {
+	f, err := os.CreateTemp(dir, ".ext4-meta-*")
+	if err != nil {
+		return nil, fmt.Errorf("ext4: metadata file: %w", err)
+	}
+	if err := os.Remove(f.Name()); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("ext4: metadata file: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			f.Close()
+		}
+	}()
+	e := &emitter{p: p, bs: p.layout.bs, md: &metadata{f: f}, blk: make([]byte, p.layout.bs)}
 	shared := e.groupTables()
+	if err := p.budget.metadata(e.storedBytes(shared)); err != nil {
+		return nil, err
+	}
 	e.allocate(shared)
+	shared = nil
 	for i := range p.tree.nodes {
 		if err := cancelled(ctx, i); err != nil {
 			return nil, err
 		}
-		e.writeContent(i)
+		if err := e.writeContent(i); err != nil {
+			return nil, err
+		}
 		e.writeInode(i)
+		if e.err != nil {
+			break
+		}
 	}
 	e.writeReservedInodes()
 	e.writeXattrBlocks()
@@ -67,6 +96,9 @@ func emit(ctx context.Context, p *plan) (*metadata, error) {
 	}
 	if err := e.writeSupers(); err != nil {
 		return nil, err
+	}
+	if e.err != nil {
+		return nil, fmt.Errorf("ext4: write metadata: %w", e.err)
 	}
 	return e.md, nil
 }
@@ -129,8 +161,23 @@ func (e *emitter) groupTables() [][]byte {
 	return data
 }
 
+// storedBytes is the size of the metadata file: the stored ranges plus
+// the shared contents.
+func (e *emitter) storedBytes(shared [][]byte) uint64 {
+	var n uint64
+	for _, r := range e.p.stored {
+		n += r.n * e.bs
+	}
+	for _, d := range shared {
+		n += uint64(len(d))
+	}
+	return n
+}
+
 // allocate lays out the metadata file, the stored ranges in block order
-// then the shared contents, and copies the shared contents in.
+// then the shared contents, and writes the shared contents. Blocks emit
+// does not write (the unused part of a directory's last block, say) stay
+// holes that read as zeros.
 func (e *emitter) allocate(shared [][]byte) {
 	md := e.md
 	md.storedOff = make([]uint64, len(e.p.stored))
@@ -144,48 +191,78 @@ func (e *emitter) allocate(shared [][]byte) {
 		md.sharedOff[i] = off
 		off += uint64(len(d))
 	}
-	md.bytes = make([]byte, off)
+	md.size = off
+	if err := md.f.Truncate(int64(off)); err != nil {
+		e.err = err
+		return
+	}
 	for i, d := range shared {
-		copy(md.bytes[md.sharedOff[i]:], d)
+		e.writeAt(d, md.sharedOff[i])
 	}
 }
 
-// metaBlocks returns the buffer of n stored blocks starting at blk.
-func (e *emitter) metaBlocks(blk, n uint64) []byte {
+// writeAt writes b at byte off of the metadata file, keeping the first
+// error.
+func (e *emitter) writeAt(b []byte, off uint64) {
+	if e.err != nil {
+		return
+	}
+	if _, err := e.md.f.WriteAt(b, int64(off)); err != nil {
+		e.err = err
+	}
+}
+
+// metaOff returns where n stored blocks starting at blk are in the
+// metadata file.
+func (e *emitter) metaOff(blk, n uint64) uint64 {
 	stored := e.p.stored
 	i := sort.Search(len(stored), func(i int) bool { return stored[i].start+stored[i].n > blk })
-	r := stored[i]
-	if blk < r.start || blk+n > r.start+r.n {
+	if i == len(stored) || blk < stored[i].start || blk+n > stored[i].start+stored[i].n {
 		panic(fmt.Sprintf("ext4: internal error: block %d+%d not stored", blk, n))
 	}
-	o := e.md.storedOff[i] + (blk-r.start)*e.bs
-	return e.md.bytes[o : o+n*e.bs]
+	return e.md.storedOff[i] + (blk-stored[i].start)*e.bs
 }
 
-// inodeRecord returns the inode table slot of ino.
-func (e *emitter) inodeRecord(ino uint32) []byte {
+// putBlocks writes whole blocks b at block blk.
+func (e *emitter) putBlocks(blk uint64, b []byte) {
+	e.writeAt(b, e.metaOff(blk, uint64(len(b))/e.bs))
+}
+
+// scratch returns the zeroed scratch block.
+func (e *emitter) scratch() []byte {
+	clear(e.blk)
+	return e.blk
+}
+
+// inodeOff returns where ino's inode table slot is in the metadata file.
+func (e *emitter) inodeOff(ino uint32) uint64 {
 	l := e.p.layout
 	g := uint64(ino-1) / l.ipg
 	o := (uint64(ino-1) % l.ipg) * disklayout.InodeSize
-	blk := l.itable[g].start + o/e.bs
-	return e.metaBlocks(blk, 1)[o%e.bs:][:disklayout.InodeSize]
+	return e.metaOff(l.itable[g].start+o/e.bs, 1) + o%e.bs
 }
 
-// writeContent copies node i's directory or symlink blocks to where they
-// were placed and checksums a directory's blocks there.
-func (e *emitter) writeContent(i int) {
+// writeContent makes node i's directory or symlink blocks again, writes
+// them where they were placed and checksums a directory's blocks there.
+func (e *emitter) writeContent(i int) error {
 	c, n := &e.p.content.nodes[i], &e.p.tree.nodes[i]
-	if len(c.data) == 0 {
-		return
+	if c.size == 0 {
+		return nil
+	}
+	data, err := nodeData(e.p.tree, int32(i), c, e.bs, e.p.hashSeed)
+	if err != nil {
+		return err
+	}
+	if uint64(len(data)) != c.size {
+		return fmt.Errorf("ext4: internal error: %q made %d bytes of blocks, planned %d", n.path, len(data), c.size)
 	}
 	seed := disklayout.InodeChecksumSeed(e.p.fsSeed, n.ino, 0)
-	src, k := c.data, 0
+	src, k := data, 0
 	for _, r := range e.p.layout.nodes[i].metaRuns {
-		dst := e.metaBlocks(r.start, r.n)
-		copy(dst, src[:r.n*e.bs])
+		dst := src[:r.n*e.bs]
 		src = src[r.n*e.bs:]
-		for ; n.typ == index.TypeDir && len(dst) > 0; k++ {
-			blk := dst[:e.bs]
+		for blks := dst; n.typ == index.TypeDir && len(blks) > 0; k++ {
+			blk := blks[:e.bs]
 			switch {
 			case k == 0 && c.dxBlocks > 0:
 				disklayout.SetDxChecksum(blk, disklayout.DxRootCountOffset, seed)
@@ -194,9 +271,11 @@ func (e *emitter) writeContent(i int) {
 			default:
 				disklayout.SetDirentTail(blk, seed)
 			}
-			dst = dst[e.bs:]
+			blks = blks[e.bs:]
 		}
+		e.putBlocks(r.start, dst)
 	}
+	return nil
 }
 
 // writeInode encodes node i's inode and its extent tree blocks.
@@ -227,12 +306,12 @@ func (e *emitter) writeInode(i int) {
 		in.Flags |= disklayout.InodeExtentsFl
 	case index.TypeDir:
 		in.Mode = disklayout.ModeDir
-		size = uint64(len(c.data))
+		size = c.size
 		in.Flags |= disklayout.InodeExtentsFl
 	case index.TypeSymlink:
 		in.Mode = disklayout.ModeSymlink
 		size = uint64(len(n.ent.Linkname))
-		if len(c.data) == 0 {
+		if c.size == 0 {
 			copy(in.Block[:], n.ent.Linkname)
 		} else {
 			in.Flags |= disklayout.InodeExtentsFl
@@ -270,12 +349,13 @@ func (e *emitter) writeInode(i int) {
 	if in.Flags&disklayout.InodeExtentsFl != 0 {
 		e.writeExtentTree(n.ino, pl, in.Block[:])
 	}
-	rec := e.inodeRecord(n.ino)
+	rec := e.scratch()[:disklayout.InodeSize]
 	in.Marshal(rec)
 	if c.xattrIn != nil {
 		copy(rec[disklayout.InodeXattrOffset:], c.xattrIn)
 	}
 	disklayout.SetInodeChecksum(rec, e.p.fsSeed, n.ino, 0)
+	e.writeAt(rec, e.inodeOff(n.ino))
 	if int32(i) == e.p.tree.journal {
 		e.journalInode = in
 	}
@@ -322,13 +402,14 @@ func (e *emitter) writeExtentTree(ino uint32, pl *placing, iblock []byte) {
 	for k := 0; k < len(pl.exts); k += per {
 		chunk := pl.exts[k:min(k+per, len(pl.exts))]
 		pblk := next()
-		blk := e.metaBlocks(pblk, 1)
+		blk := e.scratch()
 		h := disklayout.ExtentHeader{Magic: disklayout.ExtentMagic, Entries: uint16(len(chunk)), Max: uint16(per)}
 		h.Marshal(blk)
 		for j, x := range chunk {
 			disklayout.MarshalLeaf(disklayout.ExtentEntry(blk, j), x.lblk, uint16(x.n), x.pblk)
 		}
 		disklayout.SetExtentBlockChecksum(blk, seed)
+		e.putBlocks(pblk, blk)
 		level = append(level, ref{chunk[0].lblk, pblk})
 	}
 	depth := uint16(1)
@@ -337,13 +418,14 @@ func (e *emitter) writeExtentTree(ino uint32, pl *placing, iblock []byte) {
 		for k := 0; k < len(level); k += per {
 			chunk := level[k:min(k+per, len(level))]
 			pblk := next()
-			blk := e.metaBlocks(pblk, 1)
+			blk := e.scratch()
 			h := disklayout.ExtentHeader{Magic: disklayout.ExtentMagic, Entries: uint16(len(chunk)), Max: uint16(per), Depth: depth}
 			h.Marshal(blk)
 			for j, c := range chunk {
 				disklayout.MarshalIdx(disklayout.ExtentEntry(blk, j), c.lblk, c.pblk)
 			}
 			disklayout.SetExtentBlockChecksum(blk, seed)
+			e.putBlocks(pblk, blk)
 			up = append(up, ref{chunk[0].lblk, pblk})
 		}
 		level = up
@@ -363,10 +445,11 @@ func (e *emitter) writeReservedInodes() {
 		if ino == disklayout.RootIno || ino == disklayout.JournalIno && e.p.tree.journal >= 0 {
 			continue
 		}
-		rec := e.inodeRecord(ino)
+		rec := e.scratch()[:disklayout.InodeSize]
 		in := disklayout.Inode{ExtraIsize: disklayout.InodeExtraSize}
 		in.Marshal(rec)
 		disklayout.SetInodeChecksum(rec, e.p.fsSeed, ino, 0)
+		e.writeAt(rec, e.inodeOff(ino))
 	}
 }
 
@@ -375,10 +458,11 @@ func (e *emitter) writeReservedInodes() {
 func (e *emitter) writeXattrBlocks() {
 	for k, x := range e.p.content.xblocks {
 		pblk := e.p.layout.xblocks[k]
-		blk := e.metaBlocks(pblk, 1)
+		blk := e.scratch()
 		copy(blk, x.data)
 		disklayout.SetXattrRefcount(blk, x.refs)
 		disklayout.SetXattrBlockChecksum(blk, e.p.fsSeed, pblk)
+		e.putBlocks(pblk, blk)
 	}
 }
 
@@ -393,9 +477,11 @@ func (e *emitter) writeJournalSuper() error {
 		BlockSize: uint32(e.bs), MaxLen: uint32(p.layout.nodes[p.tree.journal].dataBlks), First: 1, Sequence: 1,
 		UUID: p.uuid, NrUsers: 1,
 	}
-	if err := js.Marshal(e.metaBlocks(p.layout.journal[0].start, 1)); err != nil {
+	blk := e.scratch()
+	if err := js.Marshal(blk); err != nil {
 		return fmt.Errorf("ext4: journal superblock: %w", err)
 	}
+	e.putBlocks(p.layout.journal[0].start, blk)
 	return nil
 }
 
@@ -442,7 +528,7 @@ func (e *emitter) writeSupers() error {
 	}
 	write := func(g uint64) error {
 		sb.BlockGroupNr = uint16(g)
-		buf := e.metaBlocks(g*l.bpg, 1)
+		buf := e.scratch()
 		at := 0
 		if g == 0 {
 			at = disklayout.SuperBlockOffset
@@ -450,6 +536,7 @@ func (e *emitter) writeSupers() error {
 		if err := sb.Marshal(buf[at:]); err != nil {
 			return fmt.Errorf("ext4: superblock of group %d: %w", g, err)
 		}
+		e.putBlocks(g*l.bpg, buf)
 		return nil
 	}
 	if err := write(0); err != nil {

@@ -24,6 +24,7 @@ func TestFromDirIndex(t *testing.T) {
 	}
 	img, err := Build(context.Background(), idx, Options{Time: time.Unix(testTime, 0)})
 	must(t, err)
+	defer img.Close()
 	raw := filepath.Join(t.TempDir(), "disk.img")
 	f, err := os.Create(raw)
 	must(t, err)

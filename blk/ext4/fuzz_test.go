@@ -87,6 +87,7 @@ func FuzzBuild(f *testing.F) {
 		if err != nil {
 			return
 		}
+		defer img.Close()
 		if img.Map.Blocks() == 0 || img.MetaSize() == 0 {
 			t.Fatalf("empty image without an error")
 		}

@@ -142,6 +142,7 @@ func TestGoldenImages(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			img, err := Build(context.Background(), goldenIndex(c.seed, c.hugeDir), c.opts)
 			must(t, err)
+			defer img.Close()
 			if got := imageDigest(t, img); got != c.want {
 				t.Errorf("digest %s, want %s", got, c.want)
 			}
@@ -157,6 +158,7 @@ func TestGoldenImages(t *testing.T) {
 		}}
 		img, err := Build(context.Background(), idx, Options{Time: tm})
 		must(t, err)
+		defer img.Close()
 		if got, want := imageDigest(t, img), "587a631ebaab7ba35273dca804c9c387"; got != want {
 			t.Errorf("digest %s, want %s", got, want)
 		}

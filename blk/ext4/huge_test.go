@@ -23,6 +23,7 @@ func TestTerabyteFile(t *testing.T) {
 	}}
 	img, err := Build(context.Background(), idx, Options{Time: time.Unix(testTime, 0)})
 	must(t, err)
+	defer img.Close()
 	if img.Manifest.Groups < 8192 || img.Manifest.MetaBytes > 16<<20 {
 		t.Errorf("%d groups, %d metadata bytes; want >= 8192 groups in <= 16 MiB", img.Manifest.Groups, img.Manifest.MetaBytes)
 	}

@@ -1,7 +1,6 @@
 package ext4
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -53,6 +52,9 @@ type Image struct {
 	meta     io.ReaderAt
 	metaSize int64
 	closer   io.Closer
+	// built is the unlinked metadata file Build made, until WriteTo
+	// persists it and the image reads its copy instead.
+	built *os.File
 }
 
 // The run-time reader serves an Image without knowing its format.
@@ -70,7 +72,8 @@ func (img *Image) Sources() []index.Source { return img.Manifest.Sources }
 // MetaSize is the size of the metadata file in bytes.
 func (img *Image) MetaSize() int64 { return img.metaSize }
 
-// Close releases the metadata file of an image loaded by Open.
+// Close releases the metadata file of an image built by Build or loaded by
+// Open.
 func (img *Image) Close() error {
 	if img.closer != nil {
 		return img.closer.Close()
@@ -101,14 +104,14 @@ func newImage(p *plan, md *metadata) (*Image, error) {
 		Inodes: l.ipg * l.ngroups, UsedInodes: used, Groups: l.ngroups,
 		UUID:      fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16]),
 		Features:  []string{"ext_attr", "dir_index", "filetype", "extent", "64bit", "flex_bg", "sparse_super", "large_file", "huge_file", "dir_nlink", "extra_isize", "metadata_csum"},
-		BuildTime: now, MetaBytes: uint64(len(md.bytes)), DataBytes: dataBytes,
+		BuildTime: now, MetaBytes: md.size, DataBytes: dataBytes,
 		Extents: m.Len(), Counts: p.tree.counts, Sources: p.idx.Sources,
 	}
 	if p.tree.journal >= 0 {
 		mf.Features = append([]string{"has_journal"}, mf.Features...)
 		mf.Journal = l.nodes[p.tree.journal].dataBlks * l.bs
 	}
-	return &Image{Manifest: mf, Map: m, meta: bytes.NewReader(md.bytes), metaSize: int64(len(md.bytes))}, nil
+	return &Image{Manifest: mf, Map: m, meta: md.f, metaSize: int64(md.size), closer: md.f, built: md.f}, nil
 }
 
 // blockMap combines stored, shared, zero and data ranges into the block map.
@@ -142,6 +145,9 @@ func blockMap(p *plan, md *metadata) (*blockmap.Map, error) {
 // WriteTo persists the image into dir (created if missing): the metadata
 // file, the encoded block map and the manifest. Each file is replaced
 // atomically, so rewriting the directory an image was opened from is safe.
+// An image from Build then reads dir's metadata file and releases the
+// temporary one, so the metadata is not kept twice; WriteTo must not run
+// while the image is being read.
 func (img *Image) WriteTo(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("ext4: image dir: %w", err)
@@ -167,6 +173,14 @@ func (img *Image) WriteTo(dir string) error {
 	js = append(js, '\n')
 	if err := writeAtomic(filepath.Join(dir, ManifestFile), func(w io.Writer) error { _, err := w.Write(js); return err }); err != nil {
 		return fmt.Errorf("ext4: write manifest: %w", err)
+	}
+	if img.built != nil {
+		f, err := os.Open(filepath.Join(dir, MetaFile))
+		if err != nil {
+			return fmt.Errorf("ext4: reopen metadata: %w", err)
+		}
+		img.built.Close()
+		img.meta, img.closer, img.built = f, f, nil
 	}
 	return nil
 }

@@ -46,7 +46,7 @@ type itable struct {
 
 // placing is where a node's blocks landed.
 type placing struct {
-	metaRuns []brange // blocks holding content.data, in order
+	metaRuns []brange // blocks holding the node's nodeData, in order
 	exts     []fext
 	treeRuns []brange // extent tree blocks beyond the root in i_block
 	dataBlks uint64   // blocks mapped by exts
@@ -109,7 +109,7 @@ func estimateBlocks(t *tree, c *contents, bs uint64) (uint64, error) {
 	var ranges []blockRange
 	for i := range t.nodes {
 		n := &t.nodes[i]
-		est += uint64(len(c.nodes[i].data)) / bs
+		est += c.nodes[i].size / bs
 		if n.typ == index.TypeRegular && n.ent != nil {
 			ranges = dataRanges(n.ent, bs, ranges)
 			for _, r := range ranges {
@@ -170,8 +170,8 @@ func tryLayout(ctx context.Context, idx *index.Index, t *tree, c *contents, s si
 		l.nodes[t.journal] = placeRuns(l.journal)
 	}
 	for i := range c.nodes {
-		if d := c.nodes[i].data; len(d) > 0 {
-			runs := a.alloc(uint64(len(d))/g.bs, nil)
+		if sz := c.nodes[i].size; sz > 0 {
+			runs := a.alloc(sz/g.bs, nil)
 			l.nodes[i] = placeRuns(runs)
 			l.nodes[i].metaRuns = runs
 		}

@@ -52,6 +52,18 @@ type Options struct {
 	HashSeed [16]byte
 	// VolumeName is the filesystem label (at most 16 bytes).
 	VolumeName string
+	// TempDir is where the metadata file is made while it is written
+	// (unlinked at once); empty means the system's temporary directory.
+	// Put it on the file system of the image's directory so that WriteTo
+	// copies within one file system.
+	TempDir string
+	// MaxMetadataBytes is the metadata budget: the most metadata bytes the
+	// image may need; 0 means DefaultMaxMetadataBytes.
+	MaxMetadataBytes int64
+	// MaxBuildMemory is the build memory budget: the most bytes the build
+	// may hold in memory by its own accounting (see budget); 0 means
+	// DefaultMaxBuildMemory.
+	MaxBuildMemory int64
 }
 
 // identity derives a stable 32-byte digest of the index so that the same

@@ -22,14 +22,21 @@ func TestEmitOnlyReadsPlan(t *testing.T) {
 		p, err := makePlan(context.Background(), goldenIndex(1, 0), opts)
 		must(t, err)
 		before := planDigest(p)
-		md1, err := emit(context.Background(), p)
+		md1, err := emit(context.Background(), p, t.TempDir())
 		must(t, err)
+		defer md1.f.Close()
 		if planDigest(p) != before {
 			t.Fatalf("%+v: emit changed the plan", opts)
 		}
-		md2, err := emit(context.Background(), p)
+		md2, err := emit(context.Background(), p, t.TempDir())
 		must(t, err)
-		if !bytes.Equal(md1.bytes, md2.bytes) {
+		defer md2.f.Close()
+		b1, b2 := make([]byte, md1.size), make([]byte, md2.size)
+		_, err = md1.f.ReadAt(b1, 0)
+		must(t, err)
+		_, err = md2.f.ReadAt(b2, 0)
+		must(t, err)
+		if !bytes.Equal(b1, b2) {
 			t.Fatalf("%+v: two emits of one plan differ", opts)
 		}
 	}
@@ -46,7 +53,7 @@ func TestPlanCancelled(t *testing.T) {
 	}
 	p, err := makePlan(context.Background(), goldenIndex(1, 0), opts)
 	must(t, err)
-	if _, err := emit(ctx, p); err == nil {
+	if _, err := emit(ctx, p, t.TempDir()); err == nil {
 		t.Error("emit with a cancelled context succeeded")
 	}
 }

@@ -30,7 +30,10 @@ const (
 
 	// minEncodedEntry is the fewest bytes one encoded entry takes; it bounds
 	// counts read from the payload before anything is allocated for them.
-	minEncodedEntry = 14
+	// An entry with every field zero and atime = ctime = mtime takes
+	// prefix length, name length, one name byte, type, flags, mode, uid,
+	// gid, mtime seconds and nanoseconds, size: one byte each.
+	minEncodedEntry = 11
 )
 
 // Per-entry presence flags.

@@ -169,7 +169,7 @@ func (w *walker) dir(sc *scratch, fd int, rel string, out *dirOut) {
 		return
 	}
 	if n := w.count.Add(int64(len(names))); n > w.max {
-		out.err = index.Invalidf("more than %d entries (in %q)", w.max, index.Trunc(rel))
+		out.err = index.Invalidf("more than %d entries (in %q): over the entries budget (kata_fsx.imagefs_blk.max_entries)", w.max, index.Trunc(rel))
 		w.cancel()
 		return
 	}

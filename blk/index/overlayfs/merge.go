@@ -167,7 +167,7 @@ type emitter struct {
 // emit appends n and its subtree in Index order.
 func (o *emitter) emit(p string, n *mnode) error {
 	if len(o.ix.Entries) >= o.max {
-		return index.Invalidf("merged tree has more than %d entries (at %q)", o.max, index.Trunc(p))
+		return index.Invalidf("merged tree has more than %d entries (at %q): over the entries budget (kata_fsx.imagefs_blk.max_entries)", o.max, index.Trunc(p))
 	}
 	e := *n.e
 	e.Path = p

@@ -166,7 +166,7 @@ func (t *tarReader) dir(p string) (*lnode, error) {
 func (t *tarReader) grow() error {
 	t.count++
 	if t.count > t.max {
-		return index.Invalidf("more than %d entries", t.max)
+		return index.Invalidf("more than %d entries: over the entries budget (kata_fsx.imagefs_blk.max_entries)", t.max)
 	}
 	return nil
 }

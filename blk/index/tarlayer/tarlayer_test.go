@@ -203,3 +203,15 @@ func TestTarLayerSemantics(t *testing.T) {
 		t.Errorf("zz: %+v", e)
 	}
 }
+
+// TestEntriesBudgetNamed reads the amplification layer's shape (empty
+// directories) under a small entries budget: the error names the budget.
+func TestEntriesBudgetNamed(t *testing.T) {
+	var buf bytes.Buffer
+	indextest.Must(t, indextest.EmptyDirsTar(&buf, 100))
+	src := index.Source{Kind: index.SourceBlob, ID: "sha256:" + strings.Repeat("0", 64)}
+	_, err := Read(context.Background(), bytes.NewReader(buf.Bytes()), src, 50, "dirs")
+	if err == nil || !strings.Contains(err.Error(), "max_entries") || !strings.Contains(err.Error(), "layer dirs") {
+		t.Fatalf("100 directories under a budget of 50: %v; want an error naming max_entries and the layer", err)
+	}
+}
