@@ -222,6 +222,23 @@ func TestRunKeepThenExec(t *testing.T) {
 	if r := e.run(ctx, "exec", "kept", "--", "/bin/cat"); r.code != 0 || r.stdout != "" {
 		t.Fatalf("exec without -i: exit %d stdout %q stderr %s", r.code, r.stdout, r.stderr)
 	}
+	// An exec interrupted on the host is killed in the guest too.
+	sc := exec.CommandContext(ctx, kataFSX(t), "exec", "--config", e.config, "kept", "--", "/bin/sh", "-c", "echo started; exec sleep 300")
+	var sout, serr syncBuffer
+	sc.Stdout, sc.Stderr = &sout, &serr
+	if err := sc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for !strings.Contains(sout.String(), "started") && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	sc.Process.Signal(syscall.SIGTERM)
+	if err := sc.Wait(); err == nil {
+		t.Fatalf("exec of sleep 300 ended well after SIGTERM: stdout %q stderr %s", sout.String(), serr.String())
+	}
+	if r := e.run(ctx, "exec", "kept", "--", "/bin/sh", "-c", "ps | grep -c '[s]leep 300'"); strings.TrimSpace(r.stdout) != "0" {
+		t.Fatalf("the interrupted exec still runs in the guest: ps counts %q sleep processes (stderr %s)", r.stdout, r.stderr)
+	}
 	cmd.Process.Signal(syscall.SIGINT)
 	if err := cmd.Wait(); err == nil || cmd.ProcessState.ExitCode() != 4 {
 		t.Fatalf("run --keep after SIGINT: %v (exit %d), want the command's status 4\n%s", err, cmd.ProcessState.ExitCode(), errb.String())
