@@ -196,11 +196,29 @@ func TestRunKeepThenExec(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, kataFSX(t), "run", "--config", e.config, "--id", "kept", "--backend", "virtio-9p", "--keep", "--rootfs", rootfs,
 		"--", "/bin/sh", "-c", "echo state > /tmp/kept; exit 4")
+	// The context's end interrupts the run, which then stops its pod,
+	// instead of killing it and leaving the pod behind.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGINT) }
 	var out, errb syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// A test that fails before its own SIGINT still lets the kept pod go
+	// down cleanly, before the environment checks for leftovers.
+	t.Cleanup(func() {
+		if cmd.ProcessState != nil {
+			return
+		}
+		cmd.Process.Signal(syscall.SIGINT)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			cmd.Process.Kill()
+		}
+	})
 	deadline := time.Now().Add(3 * time.Minute)
 	for !strings.Contains(errb.String(), "exec into it") && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
