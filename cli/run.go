@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -427,7 +428,21 @@ func runExec(ctx context.Context, args []string, stdout, stderr io.Writer, defau
 		// Best effort: a process that has already exited has no stdin left.
 		_ = a.CloseStdin(ctx, id, eid)
 	}
+	// Interrupted (SIGINT/SIGTERM cancel ctx), the exec is killed in the
+	// guest too: a command left running there would outlive its caller.
+	killed := make(chan struct{})
+	stopKill := context.AfterFunc(ctx, func() {
+		defer close(killed)
+		kctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := a.SignalProcess(kctx, id, eid, syscall.SIGKILL); err != nil {
+			fmt.Fprintf(stderr, "kata-fsx exec: interrupted; killing %s in the guest: %v\n", eid, err)
+		}
+	})
 	code, err := a.WaitProcess(ctx, id, eid)
+	if !stopKill() {
+		<-killed // the client must outlive the kill
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
 		return 1

@@ -70,9 +70,13 @@ type QEMU struct {
 	DefaultVCPUsRequested float32 `toml:"default_vcpus"`
 	// DefaultVCPUs is the vCPU count the VM gets: LoadFile resolves it from
 	// DefaultVCPUsRequested by Kata's rule, rounding fractions up.
-	DefaultVCPUs              int32    `toml:"-"`
-	DefaultMemory             uint32   `toml:"default_memory"`
-	EnableHugepages           bool     `toml:"enable_hugepages"`
+	DefaultVCPUs    int32  `toml:"-"`
+	DefaultMemory   uint32 `toml:"default_memory"`
+	EnableHugepages bool   `toml:"enable_hugepages"`
+	// EnableMemPrealloc preallocates guest RAM when QEMU starts, as Kata's
+	// key does, so a full /dev/shm fails the boot instead of a page fault
+	// later.
+	EnableMemPrealloc         bool     `toml:"enable_mem_prealloc"`
 	FileMemBackend            string   `toml:"file_mem_backend"`
 	EnableAnnotations         []string `toml:"enable_annotations"`
 	SharedFS                  string   `toml:"shared_fs"`

@@ -45,7 +45,6 @@ var kataIgnored = []struct{ key, inert, reason string }{
 	{"hypervisor.qemu.memory_slots", `10`, "no memory hot-plug: the slots only hold a guest image's nvdimm"},
 	{"hypervisor.qemu.memory_offset", `0`, "no memory hot-plug"},
 	{"hypervisor.qemu.enable_virtio_mem", `false`, "no virtio-mem device"},
-	{"hypervisor.qemu.enable_mem_prealloc", `false`, "guest memory is not preallocated"},
 	{"hypervisor.qemu.enable_hugepages", `false`, "guest memory is a shared file or memfd without huge pages"},
 	{"hypervisor.qemu.reclaim_guest_freed_memory", `false`, "no virtio-balloon device"},
 	{"hypervisor.qemu.enable_numa", `false`, "the VM has one NUMA node"},

@@ -120,13 +120,21 @@ func Build(vm *VMConfig) (*Plan, error) {
 		mem += fmt.Sprintf(",slots=%d,maxmem=%dM", vm.MemorySlots, vm.MaxMemoryMiB)
 	}
 	b.add("-m", mem)
+	prealloc := ""
+	if vm.MemPrealloc {
+		prealloc = ",prealloc=on"
+	}
 	switch vm.SharedMemory {
 	case SharedMemoryFile:
-		b.add("-object", fmt.Sprintf("memory-backend-file,id=dimm1,size=%dM,mem-path=%s,share=on", vm.MemoryMiB, escapeOpt(GuestRAMDir(vm))))
+		b.add("-object", fmt.Sprintf("memory-backend-file,id=dimm1,size=%dM,mem-path=%s,share=on%s", vm.MemoryMiB, escapeOpt(GuestRAMDir(vm)), prealloc))
 		b.add("-numa", "node,memdev=dimm1")
 	case SharedMemoryMemfd:
-		b.add("-object", fmt.Sprintf("memory-backend-memfd,id=dimm1,size=%dM,share=on", vm.MemoryMiB))
+		b.add("-object", fmt.Sprintf("memory-backend-memfd,id=dimm1,size=%dM,share=on%s", vm.MemoryMiB, prealloc))
 		b.add("-numa", "node,memdev=dimm1")
+	default:
+		if vm.MemPrealloc {
+			b.add("-mem-prealloc")
+		}
 	}
 	if imageOnNVDIMM(vm) {
 		// Kata's appendNvdimmImage: the image file mapped read-only as an

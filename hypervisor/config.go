@@ -99,6 +99,10 @@ type VMConfig struct {
 	SharedMemory SharedMemory
 	// MemPath is the directory for SharedMemoryFile (default /dev/shm).
 	MemPath string
+	// MemPrealloc allocates all guest RAM when QEMU starts (Kata's
+	// enable_mem_prealloc): prealloc=on on the shared backend, -mem-prealloc
+	// without one.
+	MemPrealloc bool
 
 	// Kernel, Initrd and KernelParams boot the guest; with no Kernel the VM only runs firmware.
 	Kernel       string

@@ -269,6 +269,7 @@ func (s *Sandbox) plan(ctx context.Context, spec Spec) (*host.Host, *hypervisor.
 		Accel:        h.Accel,
 		VCPUs:        uint32(q.DefaultVCPUs),
 		MemoryMiB:    uint64(q.DefaultMemory),
+		MemPrealloc:  q.EnableMemPrealloc,
 		Kernel:       q.Kernel,
 		Initrd:       q.Initrd,
 		KernelParams: strings.Fields(q.KernelParams),

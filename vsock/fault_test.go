@@ -2,38 +2,11 @@ package vsock
 
 import (
 	"net"
-	"os"
-	"path/filepath"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kata-fsx/kata-fsx/virtio/virtq"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq/testdriver"
 )
-
-// faultingPage returns one page of a shared file mapping whose file was
-// truncated to zero, as guest RAM whose /dev/shm ran out of space: every
-// access to it raises SIGBUS.
-func faultingPage(t *testing.T) []byte {
-	t.Helper()
-	f, err := os.Create(filepath.Join(t.TempDir(), "guest-ram"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := f.Truncate(4096); err != nil {
-		t.Fatal(err)
-	}
-	data, err := unix.Mmap(int(f.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Munmap(data) })
-	if err := f.Truncate(0); err != nil {
-		t.Fatal(err)
-	}
-	return data
-}
 
 // TestGuestMemoryFault hands the device transmit, receive and event
 // buffers in guest memory without backing: the packet is dropped (its
@@ -63,7 +36,7 @@ func TestGuestMemoryFault(t *testing.T) {
 		t.Fatalf("RESPONSE left the connection in state %d", c.state)
 	}
 
-	bad := faultingPage(t)
+	bad := testdriver.FaultingPage(t)
 	rw := conn
 	rw.op, rw.len = opRW, 100
 	hb := make([]byte, hdrSize)

@@ -208,7 +208,7 @@ func writeAtomic(p string, fill func(io.Writer) error) error {
 // Open loads an image persisted by WriteTo; the metadata stays on disk and
 // is read on demand. Close releases it.
 func Open(dir string) (*Image, error) {
-	js, err := os.ReadFile(filepath.Join(dir, ManifestFile))
+	js, err := readRegular(filepath.Join(dir, ManifestFile), maxManifestBytes)
 	if err != nil {
 		return nil, fmt.Errorf("ext4: open image: %w", err)
 	}
@@ -219,7 +219,7 @@ func Open(dir string) (*Image, error) {
 	if mf.Format != formatV1 {
 		return nil, fmt.Errorf("ext4: manifest format %d not supported", mf.Format)
 	}
-	enc, err := os.ReadFile(filepath.Join(dir, MapFile))
+	enc, err := readRegular(filepath.Join(dir, MapFile), maxMapBytes)
 	if err != nil {
 		return nil, fmt.Errorf("ext4: open image: %w", err)
 	}
@@ -231,7 +231,7 @@ func Open(dir string) (*Image, error) {
 		return nil, fmt.Errorf("ext4: block map geometry %d x %d disagrees with manifest %d x %d",
 			m.Blocks(), m.BlockSize(), mf.Blocks, mf.BlockSize)
 	}
-	f, err := os.Open(filepath.Join(dir, MetaFile))
+	f, err := openRegular(filepath.Join(dir, MetaFile))
 	if err != nil {
 		return nil, fmt.Errorf("ext4: open image: %w", err)
 	}

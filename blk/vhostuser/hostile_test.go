@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kata-fsx/kata-fsx/blk/overlay"
 	"github.com/kata-fsx/kata-fsx/virtio/virtq"
+	"github.com/kata-fsx/kata-fsx/virtio/virtq/testdriver"
 )
 
 // recordDevice is a BlockDevice of fixed size that records the discard and
@@ -91,30 +89,6 @@ func TestSegmentsReadOnce(t *testing.T) {
 	}
 }
 
-// faultingPage returns one page of a shared file mapping whose file was
-// truncated to zero, as guest RAM whose /dev/shm ran out of space: every
-// access to it raises SIGBUS.
-func faultingPage(t *testing.T) []byte {
-	t.Helper()
-	f, err := os.Create(filepath.Join(t.TempDir(), "guest-ram"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := f.Truncate(4096); err != nil {
-		t.Fatal(err)
-	}
-	data, err := unix.Mmap(int(f.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Munmap(data) })
-	if err := f.Truncate(0); err != nil {
-		t.Fatal(err)
-	}
-	return data
-}
-
 // TestGuestMemoryFaultFailsRequest runs requests whose header, data or
 // status byte lies in guest memory without backing: each must fail (IOERR,
 // or used length 0 without a status byte) and leave the device usable,
@@ -132,7 +106,7 @@ func TestGuestMemoryFaultFailsRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bad := faultingPage(t)
+	bad := testdriver.FaultingPage(t)
 	header := func(typ uint32, sector uint64) []byte {
 		h := binary.LittleEndian.AppendUint32(nil, typ)
 		h = binary.LittleEndian.AppendUint32(h, 0)

@@ -106,6 +106,7 @@ func newEnv(t *testing.T, extra string) *env {
 // image) given as TOML lines, and lines for the [kata_fsx] table.
 func newEnvBooting(t *testing.T, kit, boot, extra, kataFSX string) *env {
 	dir := t.TempDir()
+	envDirs.Store(dir, true)
 	e := &env{t: t, dir: dir, stateDir: filepath.Join(dir, "run")}
 	accel := testAccel(kit)
 	cfg := fmt.Sprintf(`[hypervisor.qemu]

@@ -4,14 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"go/ast"
-	"go/parser"
-	"go/token"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -24,7 +21,7 @@ const runMarkerEnv = "KATA_FSX_E2E_RUN"
 
 // TestMain runs the suite, then asserts that it left nothing behind: no
 // process it started, no network namespace or tap it made, no mount under
-// a test's directory. A test's own cleanup checks catch most of this; this
+// a test environment's directory. A test's own cleanup checks catch most of this; this
 // catches what a test forgot to check.
 func TestMain(m *testing.M) {
 	marker := fmt.Sprintf("%d-%d", os.Getpid(), time.Now().UnixNano())
@@ -113,14 +110,14 @@ func hostTaps() map[string]bool {
 	return taps
 }
 
-// testMounts lists mounts under the temporary directory of one of this
-// package's tests (t.TempDir is <tmp>/<TestName><digits>/...).
+// envDirs are the directories of this run's test environments (newEnv):
+// the only places whose mounts are this run's, when another run of this
+// package shares the machine. Package state because TestMain has no other
+// way to see what its tests made.
+var envDirs sync.Map
+
+// testMounts lists mounts under one of this run's environment directories.
 func testMounts() []string {
-	names := packageTestNames()
-	if len(names) == 0 {
-		return []string{"cannot list this package's tests to check for leftover mounts"}
-	}
-	re := regexp.MustCompile("^" + regexp.QuoteMeta(filepath.Clean(os.TempDir())) + "/(" + strings.Join(names, "|") + `)[0-9]+(/|$)`)
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return []string{"mountinfo: " + err.Error()}
@@ -130,31 +127,19 @@ func testMounts() []string {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && re.MatchString(unescapeMountPath(fields[4])) {
-			out = append(out, "mount "+fields[4])
-		}
-	}
-	return out
-}
-
-// packageTestNames parses this package's test files for its test names.
-func packageTestNames() []string {
-	files, _ := filepath.Glob("*_test.go")
-	var names []string
-	fset := token.NewFileSet()
-	for _, f := range files {
-		af, err := parser.ParseFile(fset, f, nil, parser.SkipObjectResolution)
-		if err != nil {
+		if len(fields) <= 4 {
 			continue
 		}
-		for _, d := range af.Decls {
-			fn, ok := d.(*ast.FuncDecl)
-			if ok && fn.Recv == nil && strings.HasPrefix(fn.Name.Name, "Test") && fn.Name.Name != "TestMain" {
-				names = append(names, regexp.QuoteMeta(fn.Name.Name))
+		mp := unescapeMountPath(fields[4])
+		envDirs.Range(func(dir, _ any) bool {
+			if mp == dir.(string) || strings.HasPrefix(mp, dir.(string)+"/") {
+				out = append(out, "mount "+mp)
+				return false
 			}
-		}
+			return true
+		})
 	}
-	return names
+	return out
 }
 
 // unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).

@@ -196,11 +196,29 @@ func TestRunKeepThenExec(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, kataFSX(t), "run", "--config", e.config, "--id", "kept", "--backend", "virtio-9p", "--keep", "--rootfs", rootfs,
 		"--", "/bin/sh", "-c", "echo state > /tmp/kept; exit 4")
+	// The context's end interrupts the run, which then stops its pod,
+	// instead of killing it and leaving the pod behind.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGINT) }
 	var out, errb syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// A test that fails before its own SIGINT still lets the kept pod go
+	// down cleanly, before the environment checks for leftovers.
+	t.Cleanup(func() {
+		if cmd.ProcessState != nil {
+			return
+		}
+		cmd.Process.Signal(syscall.SIGINT)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			cmd.Process.Kill()
+		}
+	})
 	deadline := time.Now().Add(3 * time.Minute)
 	for !strings.Contains(errb.String(), "exec into it") && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
@@ -221,6 +239,23 @@ func TestRunKeepThenExec(t *testing.T) {
 	}
 	if r := e.run(ctx, "exec", "kept", "--", "/bin/cat"); r.code != 0 || r.stdout != "" {
 		t.Fatalf("exec without -i: exit %d stdout %q stderr %s", r.code, r.stdout, r.stderr)
+	}
+	// An exec interrupted on the host is killed in the guest too.
+	sc := exec.CommandContext(ctx, kataFSX(t), "exec", "--config", e.config, "kept", "--", "/bin/sh", "-c", "echo started; exec sleep 300")
+	var sout, serr syncBuffer
+	sc.Stdout, sc.Stderr = &sout, &serr
+	if err := sc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for !strings.Contains(sout.String(), "started") && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	sc.Process.Signal(syscall.SIGTERM)
+	if err := sc.Wait(); err == nil {
+		t.Fatalf("exec of sleep 300 ended well after SIGTERM: stdout %q stderr %s", sout.String(), serr.String())
+	}
+	if r := e.run(ctx, "exec", "kept", "--", "/bin/sh", "-c", "ps | grep -c '[s]leep 300'"); strings.TrimSpace(r.stdout) != "0" {
+		t.Fatalf("the interrupted exec still runs in the guest: ps counts %q sleep processes (stderr %s)", r.stdout, r.stderr)
 	}
 	cmd.Process.Signal(syscall.SIGINT)
 	if err := cmd.Wait(); err == nil || cmd.ProcessState.ExitCode() != 4 {

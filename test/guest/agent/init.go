@@ -93,25 +93,33 @@ func setupAndExec() error {
 			return err
 		}
 	}
-	if err := applyRlimits(cfg.Privileges.Rlimits); err != nil {
+	return becomeProcess(cfg.Privileges, cfg.Cwd, "", cfg.Args, cfg.Env)
+}
+
+// becomeProcess ends a helper stage, init's or an exec's: it takes the
+// process's rlimits and privileges, enters its cwd and execs its command.
+// An empty path is looked up in the process's PATH once in its cwd.
+func becomeProcess(p privileges, cwd, path string, args, env []string) error {
+	if err := applyRlimits(p.Rlimits); err != nil {
 		return err
 	}
-	if err := applyPrivileges(cfg.Privileges); err != nil {
+	if err := applyPrivileges(p); err != nil {
 		return err
 	}
-	cwd := cfg.Cwd
 	if cwd == "" {
 		cwd = "/"
 	}
 	if err := unix.Chdir(cwd); err != nil {
 		return fmt.Errorf("chdir to cwd %q: %w", cwd, err)
 	}
-	path, err := lookPath(cfg.Args[0], cfg.Env)
-	if err != nil {
-		return err
+	if path == "" {
+		var err error
+		if path, err = lookPath(args[0], env); err != nil {
+			return err
+		}
 	}
-	if err := unix.Exec(path, cfg.Args, cfg.Env); err != nil {
-		return fmt.Errorf("exec %q: %w", cfg.Args[0], err)
+	if err := unix.Exec(path, args, env); err != nil {
+		return fmt.Errorf("exec %q: %w", args[0], err)
 	}
 	return nil
 }

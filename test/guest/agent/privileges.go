@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -273,23 +274,10 @@ func execInit() {
 		if err := json.Unmarshal([]byte(os.Getenv(initConfigEnv)), &cfg); err != nil {
 			return fmt.Errorf("exec init: bad config: %w", err)
 		}
-		if err := applyRlimits(cfg.Privileges.Rlimits); err != nil {
-			return err
+		if len(cfg.Args) == 0 || cfg.Path == "" {
+			return errors.New("exec init: no command")
 		}
-		if err := applyPrivileges(cfg.Privileges); err != nil {
-			return err
-		}
-		cwd := cfg.Cwd
-		if cwd == "" {
-			cwd = "/"
-		}
-		if err := unix.Chdir(cwd); err != nil {
-			return fmt.Errorf("chdir to cwd %q: %w", cwd, err)
-		}
-		if err := unix.Exec(cfg.Path, cfg.Args, cfg.Env); err != nil {
-			return fmt.Errorf("exec %q: %w", cfg.Args[0], err)
-		}
-		return nil
+		return becomeProcess(cfg.Privileges, cfg.Cwd, cfg.Path, cfg.Args, cfg.Env)
 	}()
 	fmt.Fprint(sync, err.Error())
 	os.Exit(127)
