@@ -288,6 +288,36 @@ func TestRegistryPlainHTTP(t *testing.T) {
 		}
 	})
 
+	t.Run("index platform pick", func(t *testing.T) {
+		var other ocispec.Manifest
+		json.Unmarshal(img.manifest, &other)
+		other.Annotations = map[string]string{"arch": "arm64"}
+		ob, _ := json.Marshal(other)
+		od, err := c.PushManifest(ctx, ref, ocispec.MediaTypeImageManifest, ob, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		idx := ocispec.Index{MediaType: ocispec.MediaTypeImageIndex, Manifests: []ocispec.Descriptor{
+			{MediaType: od.MediaType, Digest: od.Digest, Size: od.Size, Platform: &ocispec.Platform{OS: "linux", Architecture: "arm64"}},
+			{MediaType: desc.MediaType, Digest: desc.Digest, Size: desc.Size, Platform: &ocispec.Platform{OS: "linux", Architecture: "amd64"}},
+		}}
+		idx.SchemaVersion = 2
+		ib, _ := json.Marshal(idx)
+		iref := ref
+		iref.Tag = "multi"
+		if _, err := c.PushManifest(ctx, iref, ocispec.MediaTypeImageIndex, ib, "multi"); err != nil {
+			t.Fatal(err)
+		}
+		top, err := c.Resolve(ctx, iref)
+		if err != nil || top.MediaType != ocispec.MediaTypeImageIndex || top.Digest != digest.FromBytes(ib) {
+			t.Fatalf("resolve index: %+v %v", top, err)
+		}
+		_, got, err := c.ImageManifest(ctx, iref)
+		if err != nil || got.Digest != desc.Digest {
+			t.Fatalf("picked %s (%v), want the linux/amd64 manifest %s", got.Digest, err, desc.Digest)
+		}
+	})
+
 	t.Run("registry killed mid-read", func(t *testing.T) {
 		const timeout = 2 * time.Second
 		c := New(Options{ConfigPath: reg.hostsDir(t, ""), Backoff: 100 * time.Millisecond, Attempts: 100})
@@ -335,15 +365,21 @@ func TestRegistryDeadHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	var conns []net.Conn
+	conns := make(chan net.Conn, 64)
 	go func() {
 		for {
 			c, err := l.Accept()
 			if err != nil {
+				close(conns)
 				return
 			}
-			conns = append(conns, c)
+			conns <- c
+		}
+	}()
+	defer func() {
+		l.Close()
+		for c := range conns {
+			c.Close()
 		}
 	}()
 	dir := t.TempDir()
