@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
@@ -40,11 +41,8 @@ type testRegistry struct {
 
 func needTool(t *testing.T, name string) string {
 	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		t.Skipf("%s not installed (apt-get install docker-registry skopeo; listed in .ci/packages)", name)
-	}
-	return p
+	// Debian's packages carry the tools' names; both are in .ci/packages.
+	return testenv.Tool(t, name, name)
 }
 
 func freePort(t *testing.T) string {
