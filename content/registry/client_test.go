@@ -143,3 +143,28 @@ func TestDockerConfigCredentials(t *testing.T) {
 		t.Errorf("bad auth: %v, want an error naming the file", err)
 	}
 }
+
+// TestRangeBodyCutRetried: a range body cut short (the connection broke
+// mid-transfer) is fetched again, and the bytes come from the full answer.
+func TestRangeBodyCutRetried(t *testing.T) {
+	blob := []byte(strings.Repeat("abcdefghij", 100))
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Range", fmt.Sprintf("bytes 100-199/%d", len(blob)))
+		w.Header().Set("Content-Length", "100")
+		w.WriteHeader(http.StatusPartialContent)
+		if calls.Add(1) == 1 {
+			w.Write(blob[100:150])
+			panic(http.ErrAbortHandler) // drop the connection mid-body
+		}
+		w.Write(blob[100:200])
+	}))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	c := New(Options{ConfigPath: writeHosts(t, host, fmt.Sprintf("server = %q\n", srv.URL)), Backoff: time.Millisecond})
+	ref, _ := ParseReference(host + "/a/b:c")
+	p := make([]byte, 100)
+	if err := c.FetchRange(context.Background(), ref, digest.FromBytes(blob), p, 100); err != nil || string(p) != string(blob[100:200]) || calls.Load() != 2 {
+		t.Fatalf("%v after %d calls, want the range on the second call", err, calls.Load())
+	}
+}

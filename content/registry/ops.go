@@ -224,7 +224,7 @@ func (c *Client) readRange(ctx context.Context, ref Reference, d digest.Digest, 
 	}
 	end := off + int64(len(p)) - 1
 	n := 0
-	err := c.onHosts(ctx, ref, CapPull, fmt.Sprintf("read blob %s bytes %d-%d", d, off, end), func(h Host) error {
+	once := func(h Host) error {
 		resp, err := c.do(ctx, h, ref, request{
 			method: http.MethodGet,
 			path:   "/" + ref.Repository + "/blobs/" + d.String(),
@@ -248,12 +248,35 @@ func (c *Client) readRange(ctx context.Context, ref Reference, d digest.Digest, 
 		}
 		n, err = io.ReadFull(resp.Body, p)
 		if err != nil {
-			return fmt.Errorf("read range body: %w", err)
+			return fmt.Errorf("read range body: %w (%v)", errBodyCut, err)
 		}
 		return nil
+	}
+	err := c.onHosts(ctx, ref, CapPull, fmt.Sprintf("read blob %s bytes %d-%d", d, off, end), func(h Host) error {
+		// A body cut short (the registry died or the connection broke
+		// mid-transfer) is a connection error: retried like one.
+		wait := c.opts.Backoff
+		for attempt := 1; ; attempt++ {
+			err := once(h)
+			if !errors.Is(err, errBodyCut) || attempt >= c.opts.Attempts || ctx.Err() != nil {
+				return err
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return fmt.Errorf("%w (after %v)", ctx.Err(), err)
+			case <-t.C:
+			}
+			wait *= 2
+		}
 	})
 	return n, err
 }
+
+// errBodyCut is a range body that ended early: do retried the request,
+// readRange retries the transfer.
+var errBodyCut = errors.New("body cut short")
 
 // parseContentRange parses "bytes START-END/TOTAL" (TOTAL may be *).
 func parseContentRange(v string) (int64, int64, error) {
