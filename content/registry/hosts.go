@@ -88,10 +88,13 @@ func LookupHosts(configPath, host string) ([]Host, error) {
 	if strings.ContainsAny(host, `/\`) || host == "." || host == ".." {
 		return nil, fmt.Errorf("registry host %q is not a directory name", host)
 	}
-	for _, dir := range []string{filepath.Join(configPath, hostDirName(host)), filepath.Join(configPath, "_default")} {
+	for _, dir := range []string{filepath.Join(configPath, host), filepath.Join(configPath, "_default")} {
 		file := filepath.Join(dir, "hosts.toml")
 		data, err := readBounded(file)
 		if errors.Is(err, fs.ErrNotExist) {
+			if h, ok, err := legacyCerts(dir, def); err != nil || ok {
+				return []Host{h}, err
+			}
 			continue
 		}
 		if err != nil {
@@ -101,10 +104,6 @@ func LookupHosts(configPath, host string) ([]Host, error) {
 	}
 	return []Host{def}, nil
 }
-
-// hostDirName is the directory containerd looks in for host: the host
-// itself, with docker.io's traffic going to its own name.
-func hostDirName(host string) string { return host }
 
 func readBounded(file string) ([]byte, error) {
 	f, err := os.Open(file)
@@ -325,4 +324,32 @@ func makeHost(file, where, base, rawURL string, caps []string, ca, client any, s
 		}
 	}
 	return h, nil
+}
+
+// legacyCerts reads a host directory without hosts.toml as containerd does
+// (Docker's certs.d): *.crt are CAs, *.cert with the *.key of the same
+// name are client pairs, all for the registry itself over https. ok is
+// false when the directory does not exist.
+func legacyCerts(dir string, h Host) (Host, bool, error) {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return h, false, nil
+	}
+	if err != nil {
+		return h, false, fmt.Errorf("registry hosts directory: %w", err)
+	}
+	for _, e := range ents {
+		name := e.Name()
+		switch {
+		case strings.HasSuffix(name, ".crt"):
+			h.CAs = append(h.CAs, filepath.Join(dir, name))
+		case strings.HasSuffix(name, ".cert"):
+			key := strings.TrimSuffix(name, ".cert") + ".key"
+			if _, err := os.Stat(filepath.Join(dir, key)); err != nil {
+				return h, false, fmt.Errorf("client certificate %s has no key %s beside it", filepath.Join(dir, name), key)
+			}
+			h.Clients = append(h.Clients, ClientCert{Cert: filepath.Join(dir, name), Key: filepath.Join(dir, key)})
+		}
+	}
+	return h, true, nil
 }

@@ -67,6 +67,17 @@ func TestLookupHostsDefaults(t *testing.T) {
 	if err != nil || len(hs) != 2 || hs[0].URL() != "https://m.example/v2" || hs[1].URL() != "https://other.example/v2" {
 		t.Fatalf("_default: %v %v", hs, err)
 	}
+	// A host directory without hosts.toml is Docker's certs.d: CAs and
+	// client pairs for https on the registry.
+	os.MkdirAll(filepath.Join(dir, "legacy.example"), 0o755)
+	for _, f := range []string{"ca.crt", "me.cert", "me.key"} {
+		os.WriteFile(filepath.Join(dir, "legacy.example", f), nil, 0o644)
+	}
+	hs, err = LookupHosts(dir, "legacy.example")
+	if err != nil || len(hs) != 1 || hs[0].URL() != "https://legacy.example/v2" || len(hs[0].CAs) != 1 || len(hs[0].Clients) != 1 ||
+		hs[0].Clients[0].Key != filepath.Join(dir, "legacy.example", "me.key") {
+		t.Fatalf("legacy directory: %+v %v", hs, err)
+	}
 	// Top-level settings without server apply to the default server.
 	os.MkdirAll(filepath.Join(dir, "docker.io"), 0o755)
 	os.WriteFile(filepath.Join(dir, "docker.io", "hosts.toml"), []byte("capabilities = [\"pull\"]\n"), 0o644)
