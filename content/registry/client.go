@@ -166,9 +166,13 @@ func (c *Client) httpClient(h Host) (*http.Client, error) {
 	if hc, ok := c.transports[key]; ok {
 		return hc, nil
 	}
+	dial := h.DialTimeout
+	if dial <= 0 {
+		dial = 30 * time.Second
+	}
 	tr := &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           (&net.Dialer{Timeout: dial, KeepAlive: 30 * time.Second}).DialContext,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ResponseHeaderTimeout: 60 * time.Second,
 		MaxIdleConnsPerHost:   16,

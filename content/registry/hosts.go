@@ -9,6 +9,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 )
@@ -44,6 +45,9 @@ type Host struct {
 	SkipVerify bool
 	// Header is sent with every request to this host.
 	Header map[string][]string
+	// DialTimeout bounds connecting to the host (containerd 2's
+	// dial_timeout, so a dead mirror falls through quickly); zero is 30s.
+	DialTimeout time.Duration
 	// Mirror is true for [host] entries, false for the server.
 	Mirror bool
 }
@@ -142,6 +146,7 @@ type hostFields struct {
 	SkipVerify   *bool               `toml:"skip_verify"`
 	Header       map[string]any      `toml:"header"`
 	OverridePath bool                `toml:"override_path"`
+	DialTimeout  string              `toml:"dial_timeout"`
 	Host         map[string]hostBody `toml:"host"`
 }
 
@@ -152,6 +157,7 @@ type hostBody struct {
 	SkipVerify   *bool          `toml:"skip_verify"`
 	Header       map[string]any `toml:"header"`
 	OverridePath bool           `toml:"override_path"`
+	DialTimeout  string         `toml:"dial_timeout"`
 }
 
 // ParseHostsFile parses a hosts.toml (file names it in errors and anchors
@@ -173,7 +179,7 @@ func ParseHostsFile(file string, data []byte, host string) ([]Host, error) {
 		if len(k) >= 1 && k[0] == "header" || len(k) >= 3 && k[0] == "host" && k[2] == "header" {
 			continue
 		}
-		return nil, &HostsFileError{File: file, Where: k.String(), Problem: "unknown key (known: server, capabilities, ca, client, skip_verify, header, override_path, host)"}
+		return nil, &HostsFileError{File: file, Where: k.String(), Problem: "unknown key (known: server, capabilities, ca, client, skip_verify, header, override_path, dial_timeout, host)"}
 	}
 	base := filepath.Dir(file)
 	var hosts []Host
@@ -184,7 +190,7 @@ func ParseHostsFile(file string, data []byte, host string) ([]Host, error) {
 		}
 		b := f.Host[k[1]]
 		where := fmt.Sprintf("host.%q", k[1])
-		h, err := makeHost(file, where, base, k[1], b.Capabilities, b.CA, b.Client, b.SkipVerify, b.Header, b.OverridePath)
+		h, err := makeHost(file, where, base, k[1], b.Capabilities, b.CA, b.Client, b.SkipVerify, b.Header, b.OverridePath, b.DialTimeout)
 		if err != nil {
 			return nil, err
 		}
@@ -193,14 +199,14 @@ func ParseHostsFile(file string, data []byte, host string) ([]Host, error) {
 	}
 	server := defaultServer(host)
 	if f.Server != "" {
-		s, err := makeHost(file, "server", base, f.Server, f.Capabilities, f.CA, f.Client, f.SkipVerify, f.Header, f.OverridePath)
+		s, err := makeHost(file, "server", base, f.Server, f.Capabilities, f.CA, f.Client, f.SkipVerify, f.Header, f.OverridePath, f.DialTimeout)
 		if err != nil {
 			return nil, err
 		}
 		server = s
-	} else if f.Capabilities != nil || f.CA != nil || f.Client != nil || f.SkipVerify != nil || f.Header != nil {
+	} else if f.DialTimeout != "" || f.Capabilities != nil || f.CA != nil || f.Client != nil || f.SkipVerify != nil || f.Header != nil {
 		// containerd applies top-level settings to the default server.
-		s, err := makeHost(file, "server", base, server.URL(), f.Capabilities, f.CA, f.Client, f.SkipVerify, f.Header, f.OverridePath)
+		s, err := makeHost(file, "server", base, server.URL(), f.Capabilities, f.CA, f.Client, f.SkipVerify, f.Header, f.OverridePath, f.DialTimeout)
 		if err != nil {
 			return nil, err
 		}
@@ -209,7 +215,7 @@ func ParseHostsFile(file string, data []byte, host string) ([]Host, error) {
 	return append(hosts, server), nil
 }
 
-func makeHost(file, where, base, rawURL string, caps []string, ca, client any, skip *bool, header map[string]any, overridePath bool) (Host, error) {
+func makeHost(file, where, base, rawURL string, caps []string, ca, client any, skip *bool, header map[string]any, overridePath bool, dialTimeout string) (Host, error) {
 	bad := func(key, problem string) (Host, error) {
 		w := where
 		if key != "" {
@@ -303,6 +309,13 @@ func makeHost(file, where, base, rawURL string, caps []string, ca, client any, s
 	}
 	if skip != nil {
 		h.SkipVerify = *skip
+	}
+	if dialTimeout != "" {
+		d, err := time.ParseDuration(dialTimeout)
+		if err != nil || d <= 0 {
+			return bad("dial_timeout", fmt.Sprintf("%q is not a positive duration (e.g. \"3s\")", dialTimeout))
+		}
+		h.DialTimeout = d
 	}
 	if len(header) > 0 {
 		h.Header = map[string][]string{}

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseHostsFileMirrors(t *testing.T) {
@@ -24,6 +25,7 @@ func TestParseHostsFileMirrors(t *testing.T) {
 
 [host."https://mirror-c.example/custom"]
   override_path = true
+  dial_timeout = "3s"
 `
 	hs, err := ParseHostsFile("/etc/certs.d/registry.example.com/hosts.toml", []byte(src), "registry.example.com")
 	if err != nil {
@@ -45,6 +47,9 @@ func TestParseHostsFileMirrors(t *testing.T) {
 	}
 	if !hs[1].SkipVerify || hs[1].Clients[0] != (ClientCert{"/etc/certs.d/registry.example.com/c.crt", "/etc/certs.d/registry.example.com/c.key"}) || hs[1].Header["x-custom"][0] != "1" {
 		t.Fatalf("mirror a: %+v", hs[1])
+	}
+	if hs[2].DialTimeout != 3*time.Second {
+		t.Fatalf("dial_timeout %v", hs[2].DialTimeout)
 	}
 	if !hs[0].Mirror || hs[3].Mirror {
 		t.Fatal("mirror flags wrong")
@@ -98,6 +103,7 @@ func TestParseHostsFileRefusals(t *testing.T) {
 		{"[host.\"https://a\"]\nhost = 1\n", `host."https://a".host`},
 		{"server = \"https://a\"\n\nserver = [\n", "line 3"},
 		{"server = \"https://u:p@a\"\n", "server"},
+		{"[host.\"https://a\"]\ndial_timeout = \"soon\"\n", `host."https://a".dial_timeout`},
 	} {
 		_, err := ParseHostsFile("h.toml", []byte(tc.src), "x")
 		var he *HostsFileError
