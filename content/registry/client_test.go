@@ -168,3 +168,48 @@ func TestRangeBodyCutRetried(t *testing.T) {
 		t.Fatalf("%v after %d calls, want the range on the second call", err, calls.Load())
 	}
 }
+
+// TestReferrersAPI: a registry with the OCI 1.1 referrers API is asked
+// through it (artifactType filter passed on), and a push it answers with
+// OCI-Subject leaves the referrers tag alone.
+func TestReferrersAPI(t *testing.T) {
+	subject := digest.FromString("subject")
+	ref1 := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: digest.FromString("a"), Size: 1, ArtifactType: "t/x+json"}
+	var mu sync.Mutex
+	var seen []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Method+" "+r.URL.Path+"?"+r.URL.RawQuery)
+		mu.Unlock()
+		switch {
+		case r.Method == http.MethodGet && r.URL.Path == "/v2/a/b/referrers/"+subject.String():
+			w.Header().Set("Content-Type", ocispec.MediaTypeImageIndex)
+			json.NewEncoder(w).Encode(ocispec.Index{Manifests: []ocispec.Descriptor{ref1}})
+		case r.Method == http.MethodPut:
+			w.Header().Set("OCI-Subject", subject.String())
+			w.WriteHeader(http.StatusCreated)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	c := New(Options{ConfigPath: writeHosts(t, host, fmt.Sprintf("server = %q\n", srv.URL))})
+	ref, _ := ParseReference(host + "/a/b:c")
+	got, err := c.Referrers(context.Background(), ref, subject, "t/x+json")
+	if err != nil || len(got) != 1 || got[0].Digest != ref1.Digest {
+		t.Fatalf("referrers %+v %v", got, err)
+	}
+	if seen[0] != "GET /v2/a/b/referrers/"+subject.String()+"?artifactType=t%2Fx%2Bjson" {
+		t.Fatalf("asked %q", seen)
+	}
+	seen = nil
+	m := ocispec.Manifest{MediaType: ocispec.MediaTypeImageManifest, Subject: &ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: subject, Size: 7}}
+	data, _ := json.Marshal(m)
+	if _, err := c.PushManifest(context.Background(), ref, ocispec.MediaTypeImageManifest, data, ""); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 1 {
+		t.Fatalf("push with OCI-Subject asked %q, want the manifest PUT only", seen)
+	}
+}

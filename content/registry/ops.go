@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -432,7 +433,7 @@ func (c *Client) Referrers(ctx context.Context, ref Reference, subject digest.Di
 	err := c.onHosts(ctx, ref, CapPull, "list referrers of "+subject.String(), func(h Host) error {
 		path := "/" + ref.Repository + "/referrers/" + subject.String()
 		if artifactType != "" {
-			path += "?artifactType=" + artifactType
+			path += "?artifactType=" + url.QueryEscape(artifactType)
 		}
 		resp, err := c.do(ctx, h, ref, request{method: http.MethodGet, path: path,
 			header: http.Header{"Accept": {ocispec.MediaTypeImageIndex}}, scope: pullScope(ref), ok: []int{http.StatusOK}})
