@@ -11,10 +11,13 @@ require (
 	github.com/containerd/ttrpc v1.2.10
 	github.com/elastic/go-seccomp-bpf v1.6.0
 	github.com/klauspost/compress v1.20.4
+	github.com/opencontainers/go-digest v1.0.0
+	github.com/opencontainers/image-spec v1.1.0
 	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/schollz/progressbar/v3 v3.19.1
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
+	golang.org/x/crypto v0.54.0
 	golang.org/x/image v0.48.0
 	golang.org/x/net v0.57.0
 	golang.org/x/sys v0.50.0
@@ -27,8 +30,6 @@ require (
 	github.com/containerd/typeurl/v2 v2.2.0 // indirect
 	github.com/gogo/protobuf v1.3.2 // indirect
 	github.com/mitchellh/colorstring v0.0.0-20190213212951-d06e56a500db // indirect
-	github.com/opencontainers/go-digest v1.0.0 // indirect
-	github.com/opencontainers/image-spec v1.1.0 // indirect
 	github.com/rivo/uniseg v0.4.7 // indirect
 	github.com/sirupsen/logrus v1.10.2 // indirect
 	golang.org/x/term v0.45.0 // indirect

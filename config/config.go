@@ -162,6 +162,7 @@ type KataFSX struct {
 	AgentTransport string     `toml:"agent_transport"`
 	StateDir       string     `toml:"state_dir"`
 	ImagefsBlk     ImagefsBlk `toml:"imagefs_blk"`
+	Registry       Registry   `toml:"registry"`
 }
 
 type hypervisorTable struct {
@@ -238,6 +239,7 @@ func Default() *Config {
 			Accelerator:    AccelAuto,
 			AgentTransport: TransportAuto,
 			StateDir:       "/run/kata-fsx",
+			Registry:       Registry{ConfigPath: DefaultRegistryConfigPath},
 			ImagefsBlk: ImagefsBlk{
 				StateDir:       "/var/lib/kata-fsx/imagefs-blk",
 				WritableSizeMB: 1024,

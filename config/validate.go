@@ -178,6 +178,7 @@ func Validate(c *Config, host HostFacts) error {
 			add(&Error{Key: "kata_fsx.imagefs_blk." + bud.key, Value: fmt.Sprint(bud.v), Problem: fmt.Sprintf("budget must be between 1 and %d", bud.max), Fix: bud.fix})
 		}
 	}
+	validateRegistry(&k.Registry, add)
 	if b.Journal && b.JournalSizeMB == 0 {
 		add(&Error{Key: "kata_fsx.imagefs_blk.journal_size_mb", Value: "0", Problem: "journal is on but has no size", Fix: "set e.g. 16, or journal = false"})
 	}

@@ -1,0 +1,49 @@
+package config
+
+import (
+	"errors"
+	"path/filepath"
+	"testing"
+)
+
+func TestRegistryConfigPath(t *testing.T) {
+	host := HostFacts{DaemonFlavour: FlavourC, QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 8192}
+	c, err := LoadFile(writeFile(t, filepath.Join(t.TempDir(), "c.toml"), "[hypervisor.qemu]\n", 0o644))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.KataFSX.Registry.ConfigPath != "/etc/containerd/certs.d" {
+		t.Fatalf("default config_path %q, want containerd's", c.KataFSX.Registry.ConfigPath)
+	}
+	c, err = LoadFile(writeFile(t, filepath.Join(t.TempDir(), "c.toml"), "[hypervisor.qemu]\n[kata_fsx.registry]\nconfig_path = \"certs.d\"\n", 0o644))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = Validate(c, host)
+	var ce *Error
+	found := false
+	for _, e := range unwrapAll(err) {
+		if errors.As(e, &ce) && ce.Key == "kata_fsx.registry.config_path" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("relative config_path: %v, want an error naming kata_fsx.registry.config_path", err)
+	}
+	c.KataFSX.Registry.ConfigPath = ""
+	for _, e := range unwrapAll(Validate(c, host)) {
+		if errors.As(e, &ce) && ce.Key == "kata_fsx.registry.config_path" {
+			t.Fatalf("empty config_path (none) refused: %v", e)
+		}
+	}
+}
+
+func unwrapAll(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	if err == nil {
+		return nil
+	}
+	return []error{err}
+}
