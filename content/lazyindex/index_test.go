@@ -153,7 +153,7 @@ func checkLayer(t *testing.T, rng *rand.Rand, raw, comp []byte, span int64) *Ind
 		}
 		readRange(t, ix, raw, comp, off, n)
 	}
-	for i := 0; i < 40; i++ {
+	for i := 0; i < 48; i++ {
 		off := rng.Int64N(int64(len(raw)))
 		readRange(t, ix, raw, comp, off, min(int64(len(raw))-off, 1+rng.Int64N(3*span)))
 	}
@@ -209,7 +209,7 @@ func TestLayerLarge(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(11, 12))
 	var files []member
-	for i := 0; i < 40; i++ {
+	for i := 0; i < 48; i++ {
 		files = append(files, member{fmt.Sprintf("big%02d", i), testData(rng, 1<<20+rng.IntN(1<<20))})
 	}
 	raw := buildTar(t, files)
