@@ -186,7 +186,7 @@ func BenchmarkInflateOnly(b *testing.B) {
 	b.SetBytes(int64(len(raw)))
 	b.ResetTimer()
 	for range b.N {
-		s, err := newIndexingStream(bytes.NewReader(comp), DefaultSpan)
+		s, err := newIndexingStream(bytes.NewReader(comp), DefaultSpan, DefaultCheckpointBudget)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -84,6 +84,9 @@ const (
 	DefaultSpan = 4 << 20
 	MinSpan     = 64 << 10
 	MaxSpan     = 1 << 30
+	// DefaultCheckpointBudget bounds the checkpoints' memory: 32 KiB
+	// windows every 4 MiB fill it at a 32 GiB layer.
+	DefaultCheckpointBudget = 256 << 20
 )
 
 // Options tune Build.
@@ -93,6 +96,10 @@ type Options struct {
 	Span int64
 	// MaxEntries bounds the tree's entries (index.Options.EntryLimit).
 	MaxEntries int
+	// CheckpointBudget bounds the bytes the checkpoints take (windows and
+	// code lengths); zero means DefaultCheckpointBudget. A layer that
+	// needs more is refused, naming the span and the budget.
+	CheckpointBudget int64
 	// Layer names the layer in errors.
 	Layer string
 }
@@ -119,6 +126,10 @@ func Build(ctx context.Context, r io.Reader, opts Options) (*Index, error) {
 	if err != nil && !(errors.Is(err, io.EOF) && len(magic) > 0) {
 		return nil, fmt.Errorf("layer %s: read: %w", opts.Layer, err)
 	}
+	budget := opts.CheckpointBudget
+	if budget <= 0 {
+		budget = DefaultCheckpointBudget
+	}
 	ix := &Index{Format: FormatPlain}
 	var un io.Reader = br
 	var gz *stream
@@ -126,7 +137,7 @@ func Build(ctx context.Context, r io.Reader, opts Options) (*Index, error) {
 	case len(magic) >= 2 && magic[0] == 0x1f && magic[1] == 0x8b:
 		ix.Format = FormatGzip
 		ix.Span = span
-		if gz, err = newIndexingStream(br, span); err != nil {
+		if gz, err = newIndexingStream(br, span, budget); err != nil {
 			return nil, fmt.Errorf("layer %s: %w", opts.Layer, err)
 		}
 		un = gz
@@ -136,7 +147,7 @@ func Build(ctx context.Context, r io.Reader, opts Options) (*Index, error) {
 	fs := &fwdSeeker{r: un, h: sha256.New()}
 	tree, err := tarlayer.Read(ctx, fs, index.Source{Kind: index.SourceBlob}, max, opts.Layer)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w (span %d, checkpoint budget %d)", err, span, budget)
 	}
 	// The tar's end marker may be followed by padding: the digests and the
 	// gzip trailers cover everything.

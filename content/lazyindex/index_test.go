@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"os/exec"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
@@ -235,6 +236,9 @@ func TestLayerCorruptRefused(t *testing.T) {
 		} else {
 			t.Logf("%s: %v", name, err)
 		}
+	}
+	if _, err := Build(context.Background(), bytes.NewReader(comp), Options{Span: MinSpan, CheckpointBudget: 1 << 20}); err == nil || !strings.Contains(err.Error(), "budget") {
+		t.Errorf("checkpoints over a 1 MiB budget: %v", err)
 	}
 	hostile := buildTar(t, []member{{"../escape", []byte("x")}})
 	if _, err := Build(context.Background(), bytes.NewReader(gzipGo(t, hostile, 6)), Options{Layer: "hostile"}); err == nil {

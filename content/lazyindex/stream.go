@@ -29,6 +29,7 @@ type stream struct {
 	span   int64 // checkpoint span, 0 when not indexing
 	lastCP int64
 	cps    []Checkpoint
+	budget int64 // bytes the checkpoints may still take
 }
 
 func byteReader(r io.Reader) io.ByteReader {
@@ -40,9 +41,9 @@ func byteReader(r io.Reader) io.ByteReader {
 
 // newIndexingStream decodes a gzip layer from its first byte, recording a
 // checkpoint at least every span bytes of output.
-func newIndexingStream(r io.Reader, span int64) (*stream, error) {
+func newIndexingStream(r io.Reader, span, budget int64) (*stream, error) {
 	br := &bitReader{r: byteReader(r)}
-	s := &stream{br: br, f: newInflater(br), verify: true, crc: crc32.NewIEEE(), span: span}
+	s := &stream{br: br, f: newInflater(br), verify: true, crc: crc32.NewIEEE(), span: span, budget: budget}
 	if err := s.readHeader(); err != nil {
 		return nil, err
 	}
@@ -151,7 +152,10 @@ func (s *stream) endMember() error {
 		return fmt.Errorf("after gzip member %d: %w", s.member-1, s.br.err)
 	}
 	s.verify = true
-	return s.readHeader()
+	if err := s.readHeader(); err != nil {
+		return fmt.Errorf("the bytes after gzip member %d are not another member: %w", s.member-1, err)
+	}
+	return nil
 }
 
 // advance decodes more output or moves past a member boundary.
@@ -167,7 +171,9 @@ func (s *stream) advance() error {
 	if s.span > 0 {
 		left := s.span - (f.total - s.lastCP)
 		if len(s.cps) == 0 || left < maxMatch {
-			s.checkpoint()
+			if err := s.checkpoint(); err != nil {
+				return err
+			}
 			left = s.span
 		}
 		max = int(min(int64(max), left))
@@ -184,8 +190,12 @@ func (s *stream) advance() error {
 }
 
 // checkpoint records where decoding can resume at the current position.
-func (s *stream) checkpoint() {
+func (s *stream) checkpoint() error {
 	f := s.f
+	s.budget -= int64(len(f.window()) + len(f.lens) + 64)
+	if s.budget < 0 {
+		return fmt.Errorf("the checkpoints up to offset %d exceed the index's memory budget: raise the checkpoint span or the budget", f.total)
+	}
 	cp := Checkpoint{In: s.br.bitOffset(), Out: f.total, Final: f.final, Window: append([]byte(nil), f.window()...)}
 	switch f.state {
 	case stHeader:
@@ -203,6 +213,7 @@ func (s *stream) checkpoint() {
 	}
 	s.cps = append(s.cps, cp)
 	s.lastCP = f.total
+	return nil
 }
 
 func (s *stream) Read(p []byte) (int, error) {
