@@ -193,6 +193,13 @@ func TestLayerGzipLevels(t *testing.T) {
 			checkLayer(t, rng, raw, gzipDebian(t, raw, level), 256<<10)
 		})
 	}
+	t.Run("fhcrc", func(t *testing.T) {
+		// A header CRC-16 after FEXTRA, FNAME and FCOMMENT (10+2+3+10+2 bytes).
+		c := gzipGo(t, raw, 6)
+		c = append(append(bytes.Clone(c[:27]), 0xab, 0xcd), c[27:]...)
+		c[3] |= 2
+		checkLayer(t, rng, raw, c, MinSpan)
+	})
 	t.Run("multimember", func(t *testing.T) {
 		checkLayer(t, rng, raw, gzipMultiMember(t, raw), MinSpan)
 	})
