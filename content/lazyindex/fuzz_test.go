@@ -1,6 +1,7 @@
 package lazyindex
 
 import (
+	"bufio"
 	"bytes"
 	"compress/flate"
 	"compress/gzip"
@@ -186,7 +187,7 @@ func BenchmarkInflateOnly(b *testing.B) {
 	b.SetBytes(int64(len(raw)))
 	b.ResetTimer()
 	for range b.N {
-		s, err := newIndexingStream(bytes.NewReader(comp), DefaultSpan, DefaultCheckpointBudget)
+		s, err := newIndexingStream(bufio.NewReaderSize(bytes.NewReader(comp), 64<<10), DefaultSpan, DefaultCheckpointBudget)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,6 +1,8 @@
 package lazyindex
 
 import (
+	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -34,6 +36,7 @@ func corruptf(format string, a ...any) error {
 // trailer after the final block can be read from the same reader.
 type bitReader struct {
 	r   io.ByteReader
+	bf  *bufio.Reader // r, when it is one: refilled eight bytes at a time
 	b   uint64
 	nb  uint
 	n   int64 // bytes taken from r
@@ -42,6 +45,20 @@ type bitReader struct {
 
 // refill tops the buffer up to at least 57 bits or what r has left.
 func (br *bitReader) refill() {
+	if br.bf != nil && br.nb <= 56 && br.err == nil {
+		if p, _ := br.bf.Peek(8); len(p) == 8 {
+			k := (64 - br.nb) / 8
+			v := binary.LittleEndian.Uint64(p)
+			if k < 8 {
+				v &= 1<<(8*k) - 1
+			}
+			br.b |= v << br.nb
+			br.nb += 8 * k
+			br.n += int64(k)
+			br.bf.Discard(int(k))
+			return
+		}
+	}
 	for br.nb <= 56 && br.err == nil {
 		c, err := br.r.ReadByte()
 		if err != nil {

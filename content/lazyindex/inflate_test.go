@@ -1,6 +1,7 @@
 package lazyindex
 
 import (
+	"bufio"
 	"bytes"
 	"compress/flate"
 	"errors"
@@ -71,6 +72,12 @@ func deflate(t testing.TB, data []byte, level int) []byte {
 func checkAgainstFlate(t testing.TB, comp []byte, maxOut int64) {
 	want, werr := io.ReadAll(io.LimitReader(flate.NewReader(bytes.NewReader(comp)), maxOut))
 	got, gerr := io.ReadAll(io.LimitReader(newRawStream(bytes.NewReader(comp), 0), maxOut))
+	// The bufio path refills eight bytes at a time; a 16-byte buffer
+	// makes it meet the buffer's end often.
+	got2, gerr2 := io.ReadAll(io.LimitReader(newRawStream(bufio.NewReaderSize(bytes.NewReader(comp), 16), 0), maxOut))
+	if !bytes.Equal(got, got2) || (gerr == nil) != (gerr2 == nil) {
+		t.Fatalf("byte reader: %d bytes, err %v; bufio reader: %d bytes, err %v", len(got), gerr, len(got2), gerr2)
+	}
 	if (werr == nil) != (gerr == nil) {
 		t.Fatalf("compress/flate: %d bytes, err %v; ours: %d bytes, err %v", len(want), werr, len(got), gerr)
 	}

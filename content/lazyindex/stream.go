@@ -32,17 +32,22 @@ type stream struct {
 	budget int64 // bytes the checkpoints may still take
 }
 
-func byteReader(r io.Reader) io.ByteReader {
-	if b, ok := r.(io.ByteReader); ok {
-		return b
+// newBitReader reads r, through a bufio.Reader unless r reads bytes itself.
+func newBitReader(r io.Reader) *bitReader {
+	if b, ok := r.(*bufio.Reader); ok {
+		return &bitReader{r: b, bf: b}
 	}
-	return bufio.NewReaderSize(r, 64<<10)
+	if b, ok := r.(io.ByteReader); ok {
+		return &bitReader{r: b}
+	}
+	b := bufio.NewReaderSize(r, 64<<10)
+	return &bitReader{r: b, bf: b}
 }
 
 // newIndexingStream decodes a gzip layer from its first byte, recording a
 // checkpoint at least every span bytes of output.
 func newIndexingStream(r io.Reader, span, budget int64) (*stream, error) {
-	br := &bitReader{r: byteReader(r)}
+	br := newBitReader(r)
 	s := &stream{br: br, f: newInflater(br), verify: true, crc: crc32.NewIEEE(), span: span, budget: budget}
 	if err := s.readHeader(); err != nil {
 		return nil, err
@@ -232,7 +237,8 @@ func (s *stream) Read(p []byte) (int, error) {
 // newResumeStream decodes from checkpoint cp; r yields the compressed
 // layer's bytes from cp's byte (cp.In/8) on.
 func newResumeStream(cp *Checkpoint, r io.Reader, isGzip bool) (*stream, error) {
-	br := &bitReader{r: byteReader(r), n: cp.In / 8}
+	br := newBitReader(r)
+	br.n = cp.In / 8
 	if k := uint(cp.In % 8); k > 0 {
 		if _, err := br.bits(k); err != nil {
 			return nil, fmt.Errorf("checkpoint at bit %d: %w", cp.In, err)
@@ -268,6 +274,6 @@ func newResumeStream(cp *Checkpoint, r io.Reader, isGzip bool) (*stream, error) 
 
 // newRawStream decodes a bare deflate stream from its start.
 func newRawStream(r io.Reader, span int64) *stream {
-	br := &bitReader{r: byteReader(r)}
+	br := newBitReader(r)
 	return &stream{br: br, f: newInflater(br), raw: true, crc: crc32.NewIEEE(), span: span}
 }
