@@ -155,9 +155,9 @@ func hasStoredBlock(data []byte) bool {
 	return false
 }
 
-// gzipLevel6 is a 32 MiB layer of mixed content, compressed at gzip's
-// default level: what a benchmark of indexing against plain decompression
-// reads.
+// benchLayer is a 32 MiB layer of mixed content, compressed at gzip's
+// default level: what the benchmarks of indexing and of plain
+// decompression read.
 func benchLayer(b *testing.B) (raw, comp []byte) {
 	rng := rand.New(rand.NewPCG(25, 26))
 	var files []member

@@ -24,6 +24,7 @@ const (
 	FormatGzip                    // gzip (RFC 1952), one or more members
 )
 
+// String returns the format's name as errors use it.
 func (f Format) String() string {
 	switch f {
 	case FormatPlain:
