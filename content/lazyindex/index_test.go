@@ -1,0 +1,287 @@
+package lazyindex
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os/exec"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/tarlayer"
+)
+
+type member struct {
+	name string
+	data []byte
+}
+
+// buildTar writes a layer tar with the given files plus a directory, a
+// symlink, a hard link, a whiteout and an xattr, like real layers carry.
+func buildTar(t testing.TB, files []member) []byte {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	hdr := func(h *tar.Header, data []byte) {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hdr(&tar.Header{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o755}, nil)
+	for _, f := range files {
+		hdr(&tar.Header{Name: f.name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(f.data)), Uid: 7, Gid: 8,
+			PAXRecords: map[string]string{"SCHILY.xattr.user.k": "v"}}, f.data)
+	}
+	hdr(&tar.Header{Name: "d/link", Typeflag: tar.TypeSymlink, Linkname: "../" + files[0].name}, nil)
+	hdr(&tar.Header{Name: "d/hard", Typeflag: tar.TypeLink, Linkname: files[0].name}, nil)
+	hdr(&tar.Header{Name: "d/.wh.gone", Typeflag: tar.TypeReg}, nil)
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func gzipGo(t testing.TB, b []byte, level int) []byte {
+	var buf bytes.Buffer
+	w, err := gzip.NewWriterLevel(&buf, level)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Name = "layer.tar" // FNAME
+	w.Comment = "c"      // FCOMMENT
+	w.Extra = []byte{1, 2, 3}
+	w.Write(b)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func gzipMultiMember(t testing.TB, b []byte) []byte {
+	var out []byte
+	for len(b) > 0 {
+		k := min(len(b), 300000)
+		out = append(out, gzipGo(t, b[:k], 6)...)
+		b = b[k:]
+	}
+	return out
+}
+
+func gzipDebian(t testing.TB, b []byte, level string) []byte {
+	p, err := exec.LookPath("gzip")
+	if err != nil {
+		t.Skip("Debian's gzip is not installed (apt-get install gzip)")
+	}
+	cmd := exec.Command(p, "-c", "-n", level)
+	cmd.Stdin = bytes.NewReader(b)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("gzip %s: %v", level, err)
+	}
+	return out
+}
+
+func smallLayer(t testing.TB, rng *rand.Rand) ([]byte, []member) {
+	files := []member{
+		{"empty", nil},
+		{"zeros", make([]byte, 3<<20)},   // highly compressible, spans checkpoints
+		{"random", testData(rng, 0)[:0]}, // replaced below
+		{"mixed", testData(rng, 2<<20)},
+	}
+	rnd := make([]byte, 1<<20+17)
+	for i := range rnd {
+		rnd[i] = byte(rng.Uint32())
+	}
+	files[2].data = rnd // incompressible
+	for i := 0; i < 300; i++ {
+		files = append(files, member{fmt.Sprintf("d/small%03d", i), testData(rng, rng.IntN(3000))})
+	}
+	return buildTar(t, files), files
+}
+
+// checkLayer indexes comp and checks the tree against tarlayer's, the
+// checkpoint spacing, and random reads inflated from checkpoints against
+// the original tar.
+func checkLayer(t *testing.T, rng *rand.Rand, raw, comp []byte, span int64) *Index {
+	t.Helper()
+	ix, err := Build(context.Background(), bytes.NewReader(comp), Options{Span: span, Layer: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(raw)
+	if want := "sha256:" + hex.EncodeToString(sum[:]); ix.DiffID != want || ix.Size != int64(len(raw)) {
+		t.Fatalf("diffID %s size %d, want %s %d", ix.DiffID, ix.Size, want, len(raw))
+	}
+	want, err := tarlayer.Read(context.Background(), bytes.NewReader(raw), index.Source{Kind: index.SourceBlob, ID: ix.DiffID}, 1<<20, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(ix.Tree, want) {
+		t.Fatalf("tree differs from tarlayer's")
+	}
+	if ix.Format == FormatGzip {
+		prev := int64(0)
+		for i, c := range ix.Checkpoints {
+			if c.Out-prev > span {
+				t.Fatalf("checkpoint %d at %d, %d after the previous, span %d", i, c.Out, c.Out-prev, span)
+			}
+			prev = c.Out
+		}
+		if ix.Size-prev > span {
+			t.Fatalf("last checkpoint %d, size %d", prev, ix.Size)
+		}
+	}
+	// Files: read each of a sample through its recorded offset, fetching
+	// only the compressed range CompressedRange names.
+	for _, e := range ix.Tree.Entries {
+		if e.Type != index.TypeRegular || rng.IntN(4) != 0 && e.Size < 1<<20 {
+			continue
+		}
+		off, n := e.Data.Offset, e.Size
+		if n > 0 {
+			o := rng.Int64N(n)
+			off, n = off+o, min(n-o, 1+rng.Int64N(n))
+		}
+		readRange(t, ix, raw, comp, off, n)
+	}
+	for i := 0; i < 48; i++ {
+		off := rng.Int64N(int64(len(raw)))
+		readRange(t, ix, raw, comp, off, min(int64(len(raw))-off, 1+rng.Int64N(3*span)))
+	}
+	return ix
+}
+
+func readRange(t *testing.T, ix *Index, raw, comp []byte, off, n int64) {
+	t.Helper()
+	start, end, err := ix.CompressedRange(off, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Only [start, end) is readable, as after a Range request.
+	fetched := make([]byte, len(comp))
+	copy(fetched[start:end], comp[start:end])
+	p := make([]byte, n)
+	got, err := ix.ReadAt(io.NewSectionReader(bytes.NewReader(fetched[:end]), 0, end), p, off)
+	if err != nil || int64(got) != n {
+		t.Fatalf("ReadAt(%d, %d): %d, %v", off, n, got, err)
+	}
+	if !bytes.Equal(p, raw[off:off+n]) {
+		t.Fatalf("ReadAt(%d, %d) returned other bytes than the layer's", off, n)
+	}
+}
+
+func TestLayerGzipLevels(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	raw, _ := smallLayer(t, rng)
+	for _, level := range []int{gzip.NoCompression, gzip.BestSpeed, gzip.DefaultCompression, gzip.BestCompression, gzip.HuffmanOnly} {
+		t.Run(fmt.Sprint("go", level), func(t *testing.T) {
+			checkLayer(t, rng, raw, gzipGo(t, raw, level), MinSpan)
+		})
+	}
+	for _, level := range []string{"-1", "-6", "-9"} {
+		t.Run("debian"+level, func(t *testing.T) {
+			checkLayer(t, rng, raw, gzipDebian(t, raw, level), 256<<10)
+		})
+	}
+	t.Run("fhcrc", func(t *testing.T) {
+		// A header CRC-16 after FEXTRA, FNAME and FCOMMENT (10+2+3+10+2 bytes).
+		c := gzipGo(t, raw, 6)
+		c = append(append(bytes.Clone(c[:27]), 0xab, 0xcd), c[27:]...)
+		c[3] |= 2
+		checkLayer(t, rng, raw, c, MinSpan)
+	})
+	t.Run("multimember", func(t *testing.T) {
+		checkLayer(t, rng, raw, gzipMultiMember(t, raw), MinSpan)
+	})
+	t.Run("plain", func(t *testing.T) {
+		ix := checkLayer(t, rng, raw, raw, MinSpan)
+		if ix.Format != FormatPlain || len(ix.Checkpoints) != 0 || ix.Digest != ix.DiffID {
+			t.Fatalf("plain layer: format %s, %d checkpoints", ix.Format, len(ix.Checkpoints))
+		}
+	})
+}
+
+func TestLayerLarge(t *testing.T) {
+	if testing.Short() {
+		t.Skip("64 MiB layer")
+	}
+	rng := rand.New(rand.NewPCG(11, 12))
+	var files []member
+	for i := 0; i < 48; i++ {
+		files = append(files, member{fmt.Sprintf("big%02d", i), testData(rng, 1<<20+rng.IntN(1<<20))})
+	}
+	raw := buildTar(t, files)
+	if len(raw) < 64<<20 {
+		t.Fatalf("layer of %d bytes, want 64 MiB or more", len(raw))
+	}
+	ix := checkLayer(t, rng, raw, gzipDebian(t, raw, "-6"), DefaultSpan)
+	t.Logf("%d MiB layer, %d MiB compressed, %d checkpoints", ix.Size>>20, ix.CompressedSize>>20, len(ix.Checkpoints))
+}
+
+func TestLayerCorruptRefused(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	raw, _ := smallLayer(t, rng)
+	comp := gzipGo(t, raw, 6)
+	for name, c := range map[string][]byte{
+		"crc":       append(bytes.Clone(comp[:len(comp)-8]), comp[len(comp)-8]^1, comp[len(comp)-7], comp[len(comp)-6], comp[len(comp)-5], 0, 0, 0, 0),
+		"truncated": comp[:len(comp)/2],
+		"trailing":  append(bytes.Clone(comp), 'x', 'y'),
+		"method":    append([]byte{0x1f, 0x8b, 7}, comp[3:]...),
+	} {
+		if _, err := Build(context.Background(), bytes.NewReader(c), Options{Layer: name}); err == nil {
+			t.Errorf("%s: corrupt layer indexed", name)
+		} else {
+			t.Logf("%s: %v", name, err)
+		}
+	}
+	if _, err := Build(context.Background(), bytes.NewReader(comp), Options{Span: MinSpan, CheckpointBudget: 1 << 20}); err == nil || !strings.Contains(err.Error(), "budget") {
+		t.Errorf("checkpoints over a 1 MiB budget: %v", err)
+	}
+	hostile := buildTar(t, []member{{"../escape", []byte("x")}})
+	if _, err := Build(context.Background(), bytes.NewReader(gzipGo(t, hostile, 6)), Options{Layer: "hostile"}); err == nil {
+		t.Errorf("a tar entry ../escape was indexed")
+	}
+}
+
+func TestEncodeRoundTrip(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	raw, _ := smallLayer(t, rng)
+	for _, comp := range [][]byte{gzipGo(t, raw, 9), raw} {
+		ix, err := Build(context.Background(), bytes.NewReader(comp), Options{Span: MinSpan})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := ix.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Decode(bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, ix) {
+			t.Fatalf("decoded index differs")
+		}
+		t.Logf("%s layer of %d bytes: index of %d bytes, %d checkpoints, digest %s", ix.Format, ix.Size, len(b), len(ix.Checkpoints), EncodedDigest(b))
+		for i := 0; i < len(b); i += 1 + len(b)/200 {
+			c := bytes.Clone(b)
+			c[i] ^= 0x40
+			if _, err := Decode(bytes.NewReader(c)); err == nil {
+				t.Fatalf("flipped byte %d decoded", i)
+			}
+		}
+		if _, err := Decode(bytes.NewReader(b[:len(b)-1])); err == nil {
+			t.Fatal("truncated index decoded")
+		}
+	}
+}
