@@ -514,6 +514,10 @@ func dockerLayers(files imageFiles, tag string) ([]layerRef, error) {
 	out := make([]layerRef, len(m.Layers))
 	for i, l := range m.Layers {
 		ln, err := tarlayer.MemberPath(l)
+		if err == nil && ln == "." {
+			// The archive's root is no layer file: an empty or "./" name.
+			err = index.Invalidf("names no file")
+		}
 		if err != nil {
 			return nil, fmt.Errorf("layer %d %q: %w", i, index.Trunc(l), err)
 		}
