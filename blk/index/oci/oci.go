@@ -522,9 +522,12 @@ func dockerLayers(files imageFiles, tag string) ([]layerRef, error) {
 			return nil, fmt.Errorf("layer %d %q: %w", i, index.Trunc(l), err)
 		}
 		out[i] = layerRef{file: ln, diffID: cfg.RootFS.DiffIDs[i]}
-		// Newer docker saves layers as OCI blobs named by digest.
+		// Newer docker saves layers as OCI blobs named by digest; any
+		// other name is only a file name.
 		if h, ok := strings.CutPrefix(ln, "blobs/sha256/"); ok {
-			out[i].digest = "sha256:" + h
+			if _, err := index.BlobHex("sha256:" + h); err == nil {
+				out[i].digest = "sha256:" + h
+			}
 		}
 	}
 	return out, nil
