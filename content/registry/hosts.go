@@ -137,19 +137,7 @@ func defaultServer(host string) Host {
 	return Host{Scheme: "https", Host: h, Path: "/v2", Capabilities: capAll}
 }
 
-// hostFields are the keys of the top level and of each [host."URL"] table.
-type hostFields struct {
-	Server       string              `toml:"server"`
-	Capabilities []string            `toml:"capabilities"`
-	CA           any                 `toml:"ca"`
-	Client       any                 `toml:"client"`
-	SkipVerify   *bool               `toml:"skip_verify"`
-	Header       map[string]any      `toml:"header"`
-	OverridePath bool                `toml:"override_path"`
-	DialTimeout  string              `toml:"dial_timeout"`
-	Host         map[string]hostBody `toml:"host"`
-}
-
+// hostBody holds the keys a [host."URL"] table shares with the top level.
 type hostBody struct {
 	Capabilities []string       `toml:"capabilities"`
 	CA           any            `toml:"ca"`
@@ -158,6 +146,14 @@ type hostBody struct {
 	Header       map[string]any `toml:"header"`
 	OverridePath bool           `toml:"override_path"`
 	DialTimeout  string         `toml:"dial_timeout"`
+}
+
+// hostFields are the keys of the top level: a host's keys, the server and
+// the [host."URL"] tables.
+type hostFields struct {
+	hostBody
+	Server string              `toml:"server"`
+	Host   map[string]hostBody `toml:"host"`
 }
 
 // ParseHostsFile parses a hosts.toml (file names it in errors and anchors
@@ -190,7 +186,7 @@ func ParseHostsFile(file string, data []byte, host string) ([]Host, error) {
 		}
 		b := f.Host[k[1]]
 		where := fmt.Sprintf("host.%q", k[1])
-		h, err := makeHost(file, where, base, k[1], b.Capabilities, b.CA, b.Client, b.SkipVerify, b.Header, b.OverridePath, b.DialTimeout)
+		h, err := makeHost(file, where, base, k[1], b)
 		if err != nil {
 			return nil, err
 		}
@@ -199,14 +195,14 @@ func ParseHostsFile(file string, data []byte, host string) ([]Host, error) {
 	}
 	server := defaultServer(host)
 	if f.Server != "" {
-		s, err := makeHost(file, "server", base, f.Server, f.Capabilities, f.CA, f.Client, f.SkipVerify, f.Header, f.OverridePath, f.DialTimeout)
+		s, err := makeHost(file, "server", base, f.Server, f.hostBody)
 		if err != nil {
 			return nil, err
 		}
 		server = s
 	} else if f.DialTimeout != "" || f.Capabilities != nil || f.CA != nil || f.Client != nil || f.SkipVerify != nil || f.Header != nil {
 		// containerd applies top-level settings to the default server.
-		s, err := makeHost(file, "server", base, server.URL(), f.Capabilities, f.CA, f.Client, f.SkipVerify, f.Header, f.OverridePath, f.DialTimeout)
+		s, err := makeHost(file, "server", base, server.URL(), f.hostBody)
 		if err != nil {
 			return nil, err
 		}
@@ -215,7 +211,8 @@ func ParseHostsFile(file string, data []byte, host string) ([]Host, error) {
 	return append(hosts, server), nil
 }
 
-func makeHost(file, where, base, rawURL string, caps []string, ca, client any, skip *bool, header map[string]any, overridePath bool, dialTimeout string) (Host, error) {
+func makeHost(file, where, base, rawURL string, b hostBody) (Host, error) {
+	caps, ca, client, skip, header, overridePath, dialTimeout := b.Capabilities, b.CA, b.Client, b.SkipVerify, b.Header, b.OverridePath, b.DialTimeout
 	bad := func(key, problem string) (Host, error) {
 		w := where
 		if key != "" {
