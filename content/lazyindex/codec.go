@@ -19,7 +19,9 @@ import (
 //	                   payload length u64, CRC-32C of payload u32, zero u32
 //	payload:           format u8, digest, diffID (length-prefixed strings),
 //	                   compressed size, size, span, checkpoint count,
-//	                   checkpoints, tree length, tree (blk/index EncodeLayer)
+//	                   checkpoints, chunk size, the chunks' SHA-256
+//	                   (32 bytes each, their count follows from the sizes),
+//	                   tree length, tree (blk/index EncodeLayer)
 //	checkpoint:        In delta, Out delta (from the previous checkpoint),
 //	                   kind u8, final u8, then for KindStored the bytes
 //	                   left, for KindHuffman NLit (0: fixed code) and, when
@@ -27,7 +29,7 @@ import (
 //	                   byte; then the window's length and bytes.
 const (
 	encMagic      = "KFSXLZI\n"
-	encVersion    = 1
+	encVersion    = 2
 	encHeaderSize = 32
 
 	// MaxEncodedSize bounds the payload Decode accepts: the tree of the
@@ -92,6 +94,10 @@ func (ix *Index) MarshalBinary() ([]byte, error) {
 		}
 		p = binary.AppendUvarint(p, uint64(len(c.Window)))
 		p = append(p, c.Window...)
+	}
+	p = binary.AppendUvarint(p, uint64(ix.ChunkSize))
+	for i := range ix.Chunks {
+		p = append(p, ix.Chunks[i][:]...)
 	}
 	p = binary.AppendUvarint(p, uint64(tree.Len()))
 	p = append(p, tree.Bytes()...)
@@ -275,6 +281,25 @@ func (d *decoder) index() *Index {
 		}
 	}
 	d.at = ""
+	ix.ChunkSize = int64(d.uvarint("chunk size", MaxChunkSize))
+	if d.err == nil && !validChunkSize(ix.ChunkSize) {
+		d.fail(invalidf("chunk size %d is not a power of two in [%d, %d]", ix.ChunkSize, MinChunkSize, MaxChunkSize))
+	}
+	if d.err != nil {
+		return nil
+	}
+	nc := ix.NumChunks()
+	if nc > int64(len(d.p)/sha256.Size) {
+		d.fail(invalidf("%d chunk digests, the payload holds at most %d", nc, len(d.p)/sha256.Size))
+		return nil
+	}
+	if nc > 0 {
+		ix.Chunks = make([][sha256.Size]byte, nc)
+		sums := d.take("chunk digests", int(nc)*sha256.Size)
+		for i := range ix.Chunks {
+			copy(ix.Chunks[i][:], sums[i*sha256.Size:])
+		}
+	}
 	tree := d.bytes("tree", len(d.p))
 	if d.err != nil {
 		return nil
@@ -312,6 +337,12 @@ func (ix *Index) Validate() error {
 	}
 	if ix.CompressedSize < 0 || ix.Size < 0 {
 		return fmt.Errorf("layer %s: negative size", ix.Digest)
+	}
+	if !validChunkSize(ix.ChunkSize) {
+		return fmt.Errorf("layer %s: chunk size %d is not a power of two in [%d, %d]", ix.Digest, ix.ChunkSize, MinChunkSize, MaxChunkSize)
+	}
+	if int64(len(ix.Chunks)) != ix.NumChunks() {
+		return fmt.Errorf("layer %s: %d chunk digests for %d bytes in chunks of %d", ix.Digest, len(ix.Chunks), ix.CompressedSize, ix.ChunkSize)
 	}
 	switch ix.Format {
 	case FormatPlain:

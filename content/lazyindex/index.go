@@ -74,6 +74,13 @@ type Index struct {
 	Size           int64 // uncompressed size
 	Span           int64 // the largest distance between checkpoints (gzip)
 	Checkpoints    []Checkpoint
+	// ChunkSize cuts the stored blob (compressed for gzip) into the pieces
+	// a lazy reader fetches and verifies on their own; Chunks holds each
+	// piece's SHA-256 (the last piece may be shorter). A reader checks a
+	// fetched piece against them before it uses a byte of it, since the
+	// blob's own digest covers only the whole.
+	ChunkSize int64
+	Chunks    [][sha256.Size]byte
 	// Tree is the layer's per-layer index (blk/index's form, whiteouts
 	// and overlay markers kept); its one source is the blob DiffID, and a
 	// regular file's Data.Offset is its offset in the uncompressed tar.
@@ -88,6 +95,10 @@ const (
 	// DefaultCheckpointBudget bounds the checkpoints' memory: 32 KiB
 	// windows every 4 MiB fill it at a 32 GiB layer.
 	DefaultCheckpointBudget = 256 << 20
+
+	DefaultChunkSize = 1 << 20
+	MinChunkSize     = 64 << 10
+	MaxChunkSize     = 64 << 20
 )
 
 // Options tune Build.
@@ -101,6 +112,10 @@ type Options struct {
 	// code lengths); zero means DefaultCheckpointBudget. A layer that
 	// needs more is refused, naming the span and the budget.
 	CheckpointBudget int64
+	// ChunkSize is the size of the verified pieces of the stored blob (a
+	// power of two in [MinChunkSize, MaxChunkSize]); zero means
+	// DefaultChunkSize.
+	ChunkSize int64
 	// Layer names the layer in errors.
 	Layer string
 }
@@ -120,9 +135,17 @@ func Build(ctx context.Context, r io.Reader, opts Options) (*Index, error) {
 	if max <= 0 {
 		max = (&index.Options{}).EntryLimit()
 	}
+	chunk := opts.ChunkSize
+	if chunk == 0 {
+		chunk = DefaultChunkSize
+	}
+	if !validChunkSize(chunk) {
+		return nil, fmt.Errorf("layer %s: chunk size %d is not a power of two in [%d, %d]", opts.Layer, chunk, MinChunkSize, MaxChunkSize)
+	}
 	zh := sha256.New()
 	cnt := &countWriter{}
-	br := bufio.NewReaderSize(io.TeeReader(r, io.MultiWriter(zh, cnt)), 64<<10)
+	ch := &chunkHasher{size: chunk, h: sha256.New()}
+	br := bufio.NewReaderSize(io.TeeReader(r, io.MultiWriter(zh, cnt, ch)), 64<<10)
 	magic, err := br.Peek(4)
 	if err != nil && !(errors.Is(err, io.EOF) && len(magic) > 0) {
 		return nil, fmt.Errorf("layer %s: read: %w", opts.Layer, err)
@@ -162,6 +185,8 @@ func Build(ctx context.Context, r io.Reader, opts Options) (*Index, error) {
 	ix.DiffID = "sha256:" + hex.EncodeToString(fs.h.Sum(nil))
 	ix.CompressedSize = cnt.n
 	ix.Size = fs.pos
+	ix.ChunkSize = chunk
+	ix.Chunks = ch.finish()
 	if gz != nil {
 		ix.Checkpoints = gz.cps
 	} else {
@@ -173,6 +198,74 @@ func Build(ctx context.Context, r io.Reader, opts Options) (*Index, error) {
 }
 
 type countWriter struct{ n int64 }
+
+// chunkHasher records the SHA-256 of every size bytes written to it.
+type chunkHasher struct {
+	size, n int64
+	h       hash.Hash
+	sums    [][sha256.Size]byte
+}
+
+func (c *chunkHasher) Write(p []byte) (int, error) {
+	total := len(p)
+	for len(p) > 0 {
+		k := min(int64(len(p)), c.size-c.n)
+		c.h.Write(p[:k])
+		c.n += k
+		p = p[k:]
+		if c.n == c.size {
+			c.sums = append(c.sums, [sha256.Size]byte(c.h.Sum(nil)))
+			c.h.Reset()
+			c.n = 0
+		}
+	}
+	return total, nil
+}
+
+func (c *chunkHasher) finish() [][sha256.Size]byte {
+	if c.n > 0 {
+		c.sums = append(c.sums, [sha256.Size]byte(c.h.Sum(nil)))
+	}
+	return c.sums
+}
+
+func validChunkSize(n int64) bool {
+	return n >= MinChunkSize && n <= MaxChunkSize && n&(n-1) == 0
+}
+
+// NumChunks is how many pieces of ChunkSize the stored blob has.
+func (ix *Index) NumChunks() int64 {
+	if ix.ChunkSize <= 0 {
+		return 0
+	}
+	return (ix.CompressedSize + ix.ChunkSize - 1) / ix.ChunkSize
+}
+
+// ChunkRange returns the bytes [start, end) of the stored blob that chunk
+// i covers.
+func (ix *Index) ChunkRange(i int64) (start, end int64) {
+	start = i * ix.ChunkSize
+	return start, min(start+ix.ChunkSize, ix.CompressedSize)
+}
+
+// ErrChunkDigest is wrapped by VerifyChunk's error for bytes that are not
+// the chunk the index recorded.
+var ErrChunkDigest = errors.New("chunk digest mismatch")
+
+// VerifyChunk checks that b is exactly chunk i of the stored blob.
+func (ix *Index) VerifyChunk(i int64, b []byte) error {
+	if i < 0 || i >= int64(len(ix.Chunks)) {
+		return fmt.Errorf("layer %s: chunk %d of %d", ix.Digest, i, len(ix.Chunks))
+	}
+	start, end := ix.ChunkRange(i)
+	if int64(len(b)) != end-start {
+		return fmt.Errorf("layer %s chunk %d: %d bytes, want %d: %w", ix.Digest, i, len(b), end-start, ErrChunkDigest)
+	}
+	if sha256.Sum256(b) != ix.Chunks[i] {
+		return fmt.Errorf("layer %s chunk %d (bytes [%d, %d)): %w", ix.Digest, i, start, end, ErrChunkDigest)
+	}
+	return nil
+}
 
 func (c *countWriter) Write(p []byte) (int, error) {
 	c.n += int64(len(p))

@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -283,5 +284,47 @@ func TestEncodeRoundTrip(t *testing.T) {
 		if _, err := Decode(bytes.NewReader(b[:len(b)-1])); err == nil {
 			t.Fatal("truncated index decoded")
 		}
+	}
+}
+
+func TestChunkDigests(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	raw := buildTar(t, []member{{"a", testData(rng, 3<<20)}, {"b", testData(rng, 200<<10)}})
+	for _, blob := range [][]byte{raw, gzipGo(t, raw, 6)} {
+		ix, err := Build(context.Background(), bytes.NewReader(blob), Options{ChunkSize: MinChunkSize, Layer: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := (int64(len(blob)) + MinChunkSize - 1) / MinChunkSize; ix.NumChunks() != want || int64(len(ix.Chunks)) != want {
+			t.Fatalf("%d chunks (%d digests), want %d", ix.NumChunks(), len(ix.Chunks), want)
+		}
+		for i := int64(0); i < ix.NumChunks(); i++ {
+			s, e := ix.ChunkRange(i)
+			if err := ix.VerifyChunk(i, blob[s:e]); err != nil {
+				t.Fatalf("chunk %d: %v", i, err)
+			}
+			bad := bytes.Clone(blob[s:e])
+			bad[rng.IntN(len(bad))] ^= 1
+			if err := ix.VerifyChunk(i, bad); !errors.Is(err, ErrChunkDigest) {
+				t.Fatalf("altered chunk %d: %v, want ErrChunkDigest", i, err)
+			}
+			if err := ix.VerifyChunk(i, blob[s:e-1]); !errors.Is(err, ErrChunkDigest) {
+				t.Fatalf("short chunk %d: %v, want ErrChunkDigest", i, err)
+			}
+		}
+		enc, err := ix.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := Decode(bytes.NewReader(enc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if back.ChunkSize != ix.ChunkSize || !reflect.DeepEqual(back.Chunks, ix.Chunks) {
+			t.Fatal("chunk digests changed in a round trip")
+		}
+	}
+	if _, err := Build(context.Background(), bytes.NewReader(raw), Options{ChunkSize: 3 << 20}); err == nil || !strings.Contains(err.Error(), "chunk size") {
+		t.Fatalf("chunk size 3 MiB: %v, want a chunk size error", err)
 	}
 }
