@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/kata-fsx/kata-fsx/test/registrytest"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -48,9 +49,9 @@ func TestParseChallenges(t *testing.T) {
 // TestRegistryBearer puts a token server and a reverse proxy demanding
 // its tokens in front of a real registry, as Docker Hub and Harbor do.
 func TestRegistryBearer(t *testing.T) {
-	reg := startRegistry(t, "", "", "")
+	reg := registrytest.Start(t, registrytest.Options{})
 	img := buildImage(t)
-	skopeoPush(t, img, reg.addr+"/kata/bearer:v1")
+	skopeoPush(t, img, reg.Addr+"/kata/bearer:v1")
 
 	const token = "tok-for-kata"
 	var tokenCalls, challenged atomic.Int32
@@ -65,7 +66,7 @@ func TestRegistryBearer(t *testing.T) {
 		json.NewEncoder(w).Encode(map[string]any{"token": token, "expires_in": 300})
 	}))
 	defer tokens.Close()
-	backend, _ := url.Parse("http://" + reg.addr)
+	backend, _ := url.Parse("http://" + reg.Addr)
 	proxy := httputil.NewSingleHostReverseProxy(backend)
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer "+token {

@@ -19,109 +19,15 @@ import (
 	mrand "math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/kata-fsx/kata-fsx/test/testenv"
+	"github.com/kata-fsx/kata-fsx/test/registrytest"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
-
-// testRegistry is Debian's docker-registry (distribution 2.8) on loopback.
-type testRegistry struct {
-	t      *testing.T
-	config string
-	addr   string
-	scheme string
-	cmd    *exec.Cmd
-}
-
-func needTool(t *testing.T, name string) string {
-	t.Helper()
-	// Debian's packages carry the tools' names; both are in .ci/packages.
-	return testenv.Tool(t, name, name)
-}
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
-}
-
-// startRegistry writes a registry config of the test's own (extra is
-// YAML appended under the top level, e.g. auth) and starts the registry.
-func startRegistry(t *testing.T, tlsCert, tlsKey, extra string) *testRegistry {
-	t.Helper()
-	needTool(t, "docker-registry")
-	dir := t.TempDir()
-	r := &testRegistry{t: t, addr: freePort(t), scheme: "http", config: filepath.Join(dir, "config.yml")}
-	cfg := fmt.Sprintf("version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: %s\n", filepath.Join(dir, "data"), r.addr)
-	if tlsCert != "" {
-		r.scheme = "https"
-		cfg += fmt.Sprintf("  tls:\n    certificate: %s\n    key: %s\n", tlsCert, tlsKey)
-	}
-	cfg += extra
-	if err := os.WriteFile(r.config, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	r.start()
-	t.Cleanup(r.stop)
-	return r
-}
-
-func (r *testRegistry) start() {
-	r.t.Helper()
-	cmd := exec.Command("docker-registry", "serve", r.config)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		r.t.Fatal(err)
-	}
-	r.cmd = cmd
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		if c, err := net.DialTimeout("tcp", r.addr, time.Second); err == nil {
-			c.Close()
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	r.stop()
-	r.t.Fatalf("registry on %s did not start: %s", r.addr, out.String())
-}
-
-func (r *testRegistry) stop() {
-	if r.cmd == nil {
-		return
-	}
-	_ = r.cmd.Process.Kill()
-	_ = r.cmd.Wait()
-	r.cmd = nil
-}
-
-// hostsDir writes a certs.d directory with one hosts.toml for the registry.
-func (r *testRegistry) hostsDir(t *testing.T, body string) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(dir, r.addr), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if body == "" {
-		body = fmt.Sprintf("server = %q\n", r.scheme+"://"+r.addr)
-	}
-	if err := os.WriteFile(filepath.Join(dir, r.addr, "hosts.toml"), []byte(body), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
 
 // testImage is an OCI layout with one gzip layer of random file data.
 type testImage struct {
@@ -187,21 +93,16 @@ func buildImage(t *testing.T) *testImage {
 
 func skopeoPush(t *testing.T, img *testImage, dest string) {
 	t.Helper()
-	needTool(t, "skopeo")
-	out, err := exec.Command("skopeo", "--insecure-policy", "copy", "--dest-tls-verify=false", "--dest-compress-format", "gzip",
-		"oci:"+img.dir+":v1", "docker://"+dest).CombinedOutput()
-	if err != nil {
-		t.Fatalf("skopeo copy to %s: %v\n%s", dest, err, out)
-	}
+	registrytest.PushOCI(t, img.dir, "v1", dest)
 }
 
 func TestRegistryPlainHTTP(t *testing.T) {
-	reg := startRegistry(t, "", "", "")
+	reg := registrytest.Start(t, registrytest.Options{})
 	img := buildImage(t)
-	skopeoPush(t, img, reg.addr+"/kata/img:v1")
+	skopeoPush(t, img, reg.Addr+"/kata/img:v1")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ref, err := ParseReference(reg.addr + "/kata/img:v1")
+	ref, err := ParseReference(reg.Addr + "/kata/img:v1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,12 +110,12 @@ func TestRegistryPlainHTTP(t *testing.T) {
 	t.Run("https is the default", func(t *testing.T) {
 		// No hosts.toml: containerd talks https, so a plain HTTP registry fails.
 		c := New(Options{ConfigPath: t.TempDir(), Attempts: 1})
-		if _, err := c.Resolve(ctx, ref); err == nil || !strings.Contains(err.Error(), reg.addr) {
-			t.Fatalf("resolve over https of a plain registry: %v, want an error naming %s", err, reg.addr)
+		if _, err := c.Resolve(ctx, ref); err == nil || !strings.Contains(err.Error(), reg.Addr) {
+			t.Fatalf("resolve over https of a plain registry: %v, want an error naming %s", err, reg.Addr)
 		}
 	})
 
-	c := New(Options{ConfigPath: reg.hostsDir(t, "")})
+	c := New(Options{ConfigPath: reg.HostsDir(t, "")})
 	m, desc, err := c.ImageManifest(ctx, ref)
 	if err != nil {
 		t.Fatal(err)
@@ -243,7 +144,7 @@ func TestRegistryPlainHTTP(t *testing.T) {
 		p := make([]byte, 10)
 		if err := c.FetchRange(ctx, ref, m.Layers[0].Digest, p, img.layerDesc.Size+100); err == nil {
 			t.Fatal("range past the end of the blob read without error")
-		} else if !strings.Contains(err.Error(), "kata/img") || !strings.Contains(err.Error(), reg.addr) {
+		} else if !strings.Contains(err.Error(), "kata/img") || !strings.Contains(err.Error(), reg.Addr) {
 			t.Fatalf("error %v does not name the host and repository", err)
 		}
 	})
@@ -318,12 +219,12 @@ func TestRegistryPlainHTTP(t *testing.T) {
 
 	t.Run("registry killed mid-read", func(t *testing.T) {
 		const timeout = 2 * time.Second
-		c := New(Options{ConfigPath: reg.hostsDir(t, ""), Backoff: 100 * time.Millisecond, Attempts: 100})
+		c := New(Options{ConfigPath: reg.HostsDir(t, ""), Backoff: 100 * time.Millisecond, Attempts: 100})
 		br := c.Blob(ctx, ref, m.Layers[0], timeout)
 		done := make(chan struct{})
 		go func() {
 			time.Sleep(300 * time.Millisecond)
-			reg.stop()
+			reg.Stop()
 			close(done)
 		}()
 		failed := false
@@ -337,7 +238,7 @@ func TestRegistryPlainHTTP(t *testing.T) {
 			}
 			if err != nil {
 				failed = true
-				if !errors.Is(err, context.DeadlineExceeded) && !strings.Contains(err.Error(), reg.addr) {
+				if !errors.Is(err, context.DeadlineExceeded) && !strings.Contains(err.Error(), reg.Addr) {
 					t.Fatalf("error %v names neither the deadline nor the host", err)
 				}
 			} else if !bytes.Equal(p, img.layer[off:off+int64(len(p))]) {
@@ -348,7 +249,7 @@ func TestRegistryPlainHTTP(t *testing.T) {
 		if !failed {
 			t.Fatal("reads kept succeeding with the registry killed")
 		}
-		reg.start()
+		reg.Start()
 		p := make([]byte, 1000)
 		if _, err := br.ReadAt(p, 1234); err != nil || !bytes.Equal(p, img.layer[1234:2234]) {
 			t.Fatalf("read after restart: %v", err)
@@ -451,22 +352,22 @@ func TestRegistryTLSBasicAuth(t *testing.T) {
 	if err := os.WriteFile(htpasswd, []byte(testHtpasswd(t, "kata", "s3cret")), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	reg := startRegistry(t, cert, key, fmt.Sprintf("auth:\n  htpasswd:\n    realm: kata-fsx-test\n    path: %s\n", htpasswd))
-	ref, _ := ParseReference(reg.addr + "/kata/tls:v1")
+	reg := registrytest.Start(t, registrytest.Options{TLSCert: cert, TLSKey: key, Extra: fmt.Sprintf("auth:\n  htpasswd:\n    realm: kata-fsx-test\n    path: %s\n", htpasswd)})
+	ref, _ := ParseReference(reg.Addr + "/kata/tls:v1")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	img := buildImage(t)
 
 	// ca relative to the host's directory, as containerd resolves it.
-	hosts := reg.hostsDir(t, "")
+	hosts := reg.HostsDir(t, "")
 	data, _ := os.ReadFile(cert)
-	os.WriteFile(filepath.Join(hosts, reg.addr, "ca.pem"), data, 0o644)
-	os.WriteFile(filepath.Join(hosts, reg.addr, "hosts.toml"), []byte(fmt.Sprintf("server = \"https://%s\"\nca = \"ca.pem\"\n", reg.addr)), 0o644)
+	os.WriteFile(filepath.Join(hosts, reg.Addr, "ca.pem"), data, 0o644)
+	os.WriteFile(filepath.Join(hosts, reg.Addr, "hosts.toml"), []byte(fmt.Sprintf("server = \"https://%s\"\nca = \"ca.pem\"\n", reg.Addr)), 0o644)
 	dockerCfg := filepath.Join(dir, "config.json")
-	os.WriteFile(dockerCfg, []byte(fmt.Sprintf(`{"auths":{"%s":{"auth":"a2F0YTpzM2NyZXQ="}}}`, reg.addr)), 0o600)
+	os.WriteFile(dockerCfg, []byte(fmt.Sprintf(`{"auths":{"%s":{"auth":"a2F0YTpzM2NyZXQ="}}}`, reg.Addr)), 0o600)
 
 	t.Run("untrusted certificate refused", func(t *testing.T) {
-		c := New(Options{ConfigPath: reg.hostsDir(t, ""), Credentials: DockerConfigCredentials(dockerCfg), Attempts: 1})
+		c := New(Options{ConfigPath: reg.HostsDir(t, ""), Credentials: DockerConfigCredentials(dockerCfg), Attempts: 1})
 		if _, err := c.Resolve(ctx, ref); err == nil || !strings.Contains(err.Error(), "certificate") {
 			t.Fatalf("resolve without the ca: %v, want a certificate error", err)
 		}
