@@ -239,7 +239,7 @@ func Default() *Config {
 			Accelerator:    AccelAuto,
 			AgentTransport: TransportAuto,
 			StateDir:       "/run/kata-fsx",
-			Registry:       Registry{ConfigPath: DefaultRegistryConfigPath},
+			Registry:       DefaultRegistry(),
 			ImagefsBlk: ImagefsBlk{
 				StateDir:       "/var/lib/kata-fsx/imagefs-blk",
 				WritableSizeMB: 1024,

@@ -1,6 +1,10 @@
 package config
 
-import "path/filepath"
+import (
+	"fmt"
+	"path/filepath"
+	"time"
+)
 
 // DefaultRegistryConfigPath is containerd's own hosts.toml directory, so
 // kata-fsx reaches registries exactly as the node's containerd does.
@@ -14,11 +18,66 @@ type Registry struct {
 	// client certificates, plain HTTP). Empty means none: https to every
 	// registry itself.
 	ConfigPath string `toml:"config_path"`
+	// AuthFile is a docker-style config.json with registry credentials
+	// ("auths"); empty means anonymous access.
+	AuthFile string `toml:"auth_file"`
+	// CacheMemoryMB bounds the lazy store's memory tier per process.
+	CacheMemoryMB int `toml:"cache_memory_mb"`
+	// ReadTimeout is the deadline, in seconds, of one guest read that
+	// needs the registry; after it the guest gets an I/O error.
+	ReadTimeout int `toml:"read_timeout"`
+	// MaxFetchMB caps one Range request of merged adjacent chunks.
+	MaxFetchMB int `toml:"max_fetch_mb"`
+	// BackgroundFillMbps fetches the rest of a lazy image after the pod
+	// starts, at most this many megabits per second; 0 turns it off.
+	BackgroundFillMbps int `toml:"background_fill_mbps"`
+	// Prefetch replays the image's prefetch trace at pod start and
+	// records one when the image has none.
+	Prefetch bool `toml:"prefetch"`
+	// TraceSeconds is how long after the container starts its reads are
+	// recorded into a prefetch trace.
+	TraceSeconds int `toml:"trace_seconds"`
 }
+
+// Defaults of the [kata_fsx.registry] lazy store keys.
+const (
+	DefaultCacheMemoryMB = 64
+	DefaultReadTimeout   = 30
+	DefaultMaxFetchMB    = 8
+	DefaultTraceSeconds  = 10
+)
+
+// DefaultRegistry is the [kata_fsx.registry] table when the file has none.
+func DefaultRegistry() Registry {
+	return Registry{ConfigPath: DefaultRegistryConfigPath, CacheMemoryMB: DefaultCacheMemoryMB, ReadTimeout: DefaultReadTimeout,
+		MaxFetchMB: DefaultMaxFetchMB, Prefetch: true, TraceSeconds: DefaultTraceSeconds}
+}
+
+// ReadDeadline is ReadTimeout as a duration.
+func (r *Registry) ReadDeadline() time.Duration { return time.Duration(r.ReadTimeout) * time.Second }
 
 func validateRegistry(r *Registry, add func(*Error)) {
 	if r.ConfigPath != "" && !filepath.IsAbs(r.ConfigPath) {
 		add(&Error{Key: "kata_fsx.registry.config_path", Value: r.ConfigPath, Problem: "must be an absolute path",
 			Fix: "use " + DefaultRegistryConfigPath + " (containerd's), or \"\" for none"})
+	}
+	if r.AuthFile != "" && !filepath.IsAbs(r.AuthFile) {
+		add(&Error{Key: "kata_fsx.registry.auth_file", Value: r.AuthFile, Problem: "must be an absolute path",
+			Fix: "name a docker-style config.json by its absolute path, or \"\" for anonymous access"})
+	}
+	for _, k := range []struct {
+		key      string
+		v, lo, hi int
+		fix      string
+	}{
+		{"cache_memory_mb", r.CacheMemoryMB, 1, 1 << 20, fmt.Sprintf("use %d (the default) or more for large images", DefaultCacheMemoryMB)},
+		{"read_timeout", r.ReadTimeout, 1, 3600, fmt.Sprintf("use %d seconds (the default)", DefaultReadTimeout)},
+		{"max_fetch_mb", r.MaxFetchMB, 1, 1024, fmt.Sprintf("use %d (the default)", DefaultMaxFetchMB)},
+		{"background_fill_mbps", r.BackgroundFillMbps, 0, 1 << 20, "use 0 to turn the background fill off"},
+		{"trace_seconds", r.TraceSeconds, 1, 3600, fmt.Sprintf("use %d (the default)", DefaultTraceSeconds)},
+	} {
+		if k.v < k.lo || k.v > k.hi {
+			add(&Error{Key: "kata_fsx.registry." + k.key, Value: fmt.Sprint(k.v), Problem: fmt.Sprintf("outside [%d, %d]", k.lo, k.hi), Fix: k.fix})
+		}
 	}
 }

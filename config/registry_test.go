@@ -47,3 +47,31 @@ func unwrapAll(err error) []error {
 	}
 	return []error{err}
 }
+
+func TestRegistryLazyStoreKeys(t *testing.T) {
+	host := HostFacts{DaemonFlavour: FlavourC, QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 8192}
+	c, err := LoadFile(writeFile(t, filepath.Join(t.TempDir(), "c.toml"), "[hypervisor.qemu]\n", 0o644))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := c.KataFSX.Registry; r != DefaultRegistry() || !r.Prefetch || r.ReadDeadline().Seconds() != DefaultReadTimeout {
+		t.Fatalf("defaults %+v, want %+v", r, DefaultRegistry())
+	}
+	body := "[hypervisor.qemu]\n[kata_fsx.registry]\nauth_file = \"auth.json\"\nread_timeout = 0\ncache_memory_mb = -1\nmax_fetch_mb = 4096\nbackground_fill_mbps = -5\ntrace_seconds = 0\n"
+	c, err = LoadFile(writeFile(t, filepath.Join(t.TempDir(), "c.toml"), body, 0o644))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := map[string]bool{}
+	var ce *Error
+	for _, e := range unwrapAll(Validate(c, host)) {
+		if errors.As(e, &ce) {
+			bad[ce.Key] = true
+		}
+	}
+	for _, k := range []string{"auth_file", "read_timeout", "cache_memory_mb", "max_fetch_mb", "background_fill_mbps", "trace_seconds"} {
+		if !bad["kata_fsx.registry."+k] {
+			t.Errorf("bad %s not refused by name (refused: %v)", k, bad)
+		}
+	}
+}
