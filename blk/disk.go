@@ -52,6 +52,9 @@ type Options struct {
 	Socket string
 	// Budgets bound what the image may make Create and Build spend.
 	Budgets Budgets
+	// Opener reads file data; nil means this host's files and blob cache
+	// (hostfs.Opener over CacheDir). A lazy image's store goes here.
+	Opener index.Opener
 }
 
 // Budgets bound what one image may make a build spend (the
@@ -158,7 +161,11 @@ func Serve(ctx context.Context, imgDir, overlayPath, socket string, opts Options
 
 func serveImage(ctx context.Context, img *ext4.Image, overlayPath, socket string, opts Options) (*Disk, error) {
 	d := &Disk{Dir: filepath.Dir(overlayPath), Socket: socket, Image: img}
-	d.base = rawimage.New(img, &hostfs.Opener{CacheDir: opts.CacheDir})
+	opener := opts.Opener
+	if opener == nil {
+		opener = &hostfs.Opener{CacheDir: opts.CacheDir}
+	}
+	d.base = rawimage.New(img, opener)
 	var err error
 	d.dev, err = overlay.Open(d.base, d.base.Size(), overlayPath, overlay.Options{BlockSize: int(img.Manifest.BlockSize), ReadOnly: opts.ReadOnly, Serial: "imagefs-blk"})
 	if err != nil {

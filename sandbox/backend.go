@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 
 	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
+	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/host"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
@@ -19,7 +20,11 @@ func (s *Sandbox) prepareBackend(ctx context.Context, h *host.Host, vmc *hypervi
 	shm := &pb.Storage{Driver: "ephemeral", Source: "shm", Fstype: "tmpfs", MountPoint: guestSandboxShm, Options: []string{"noexec", "nosuid", "nodev", "mode=1777", "size=67108864"}}
 	switch s.Decision.Backend {
 	case config.SharedFSImagefsBlk:
-		d, err := s.createDisk(ctx, spec.ID, spec.Rootfs, spec.RootfsIndex)
+		var opener index.Opener
+		if spec.RootfsLazy != nil {
+			opener = spec.RootfsLazy.Opener()
+		}
+		d, err := s.createDisk(ctx, spec.ID, spec.Rootfs, spec.RootfsIndex, opener)
 		if err != nil {
 			return nil, err
 		}

@@ -77,7 +77,7 @@ func layerKeys(rootfs config.Rootfs) []string {
 // from the sandbox directory (0700), so only this pod's QEMU reaches it.
 // ctx bounds the build; the disk is then served until it is removed or
 // the sandbox stops, whatever becomes of ctx.
-func (s *Sandbox) createDisk(ctx context.Context, cid string, rootfs config.Rootfs, idx *index.Index) (*podDisk, error) {
+func (s *Sandbox) createDisk(ctx context.Context, cid string, rootfs config.Rootfs, idx *index.Index, opener index.Opener) (*podDisk, error) {
 	if err := ValidID(cid); err != nil {
 		return nil, err
 	}
@@ -102,6 +102,7 @@ func (s *Sandbox) createDisk(ctx context.Context, cid string, rootfs config.Root
 	dir := filepath.Join(s.Dir, "blk", cid)
 	opts := blkOptions(s.cfg)
 	opts.LayerKeys = layerKeys(rootfs)
+	opts.Opener = opener
 	// Sockets sit right in the sandbox directory: container ids can be
 	// 64 bytes and unix socket paths only 107.
 	opts.Socket = filepath.Join(s.Dir, fmt.Sprintf("blk%d.sock", seq))
@@ -159,7 +160,7 @@ func (s *Sandbox) hotplugDisk(ctx context.Context, cid string, rootfs config.Roo
 	if err != nil {
 		return nil, fmt.Errorf("container %s: disk hot-plug: %w", cid, err)
 	}
-	d, err := s.createDisk(ctx, cid, rootfs, nil)
+	d, err := s.createDisk(ctx, cid, rootfs, nil, nil)
 	if err != nil {
 		if rerr := s.vm.ReleaseHotplugSlot(slot); rerr != nil {
 			err = errors.Join(err, rerr)

@@ -50,6 +50,10 @@ type Spec struct {
 	// RootfsIndex, when set, is the first container's rootfs already
 	// indexed (an OCI image); otherwise imagefs-blk indexes Rootfs.Layers.
 	RootfsIndex *index.Index
+	// RootfsLazy, with RootfsIndex, serves the first container's file data
+	// from a lazy image's store instead of this host's files; New takes it
+	// over: the sandbox closes it when it stops, or New when it fails.
+	RootfsLazy LazyRootfs
 	// RootfsBlockFile is the first container's rootfs as a raw ext4 image
 	// file, for BackendVirtioBlk.
 	RootfsBlockFile string
@@ -110,6 +114,9 @@ type Sandbox struct {
 	// disks are the imagefs-blk disks by container id, with the QEMU
 	// device each is plugged in as.
 	disks map[string]*podDisk
+	// lazy is the first container's lazy image store (Spec.RootfsLazy), closed
+	// after the disks that read it.
+	lazy LazyRootfs
 	// volumes are the containers' binds in the shared directory.
 	volumes map[string][]virtiofs.Volume
 	// rootBlkFor is the container whose rootfs is the BackendVirtioBlk disk.
@@ -139,6 +146,12 @@ func ValidID(id string) error {
 // the agent and creates the sandbox in the guest; the sandbox it returns
 // is ready. On error nothing is left behind.
 func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
+	owned := false // spec.RootfsLazy is the sandbox's to close from newSandbox on
+	defer func() {
+		if err != nil && !owned && spec.RootfsLazy != nil {
+			err = errors.Join(err, spec.RootfsLazy.Close())
+		}
+	}()
 	if err := ValidID(spec.ID); err != nil {
 		return nil, err
 	}
@@ -160,6 +173,7 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 			sz.CPUs, sz.MemoryMiB, sz.From, cfg.QEMU().DefaultVCPUs, cfg.QEMU().DefaultMemory)
 	}
 	s := newSandbox(ctx, spec.ID, d)
+	s.lazy, owned = spec.RootfsLazy, true
 	log.G(ctx).WithField("sandbox", spec.ID).Infof("backend %s: %s", d.Backend, d.Reason)
 	for _, k := range cfg.Ignored {
 		log.G(ctx).WithField("sandbox", spec.ID).Warnf("%s", k)
@@ -722,6 +736,12 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 	for cid, d := range disks {
 		if err := d.remove(); err != nil {
 			errs = append(errs, fmt.Errorf("container %s disk: %w", cid, err))
+		}
+	}
+	// After the disks: nothing reads the lazy store any more.
+	if s.lazy != nil {
+		if err := s.lazy.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close the lazy image store: %w", err))
 		}
 	}
 	if s.shared != nil {

@@ -108,7 +108,7 @@ func TestStopReportsTeardownErrors(t *testing.T) {
 	if err2 := s.Stop(context.Background()); err2 == nil || err2.Error() != err.Error() {
 		t.Fatalf("second Stop: %v, want %v", err2, err)
 	}
-	if _, err := s.createDisk(context.Background(), "c2", config.Rootfs{Kind: config.RootfsDir, Layers: []string{t.TempDir()}}, nil); err == nil || !strings.Contains(err.Error(), "sandbox is stopped") {
+	if _, err := s.createDisk(context.Background(), "c2", config.Rootfs{Kind: config.RootfsDir, Layers: []string{t.TempDir()}}, nil, nil); err == nil || !strings.Contains(err.Error(), "sandbox is stopped") {
 		t.Fatalf("createDisk after Stop: %v", err)
 	}
 }
