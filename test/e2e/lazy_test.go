@@ -226,9 +226,7 @@ func TestLazyRegistryFaults(t *testing.T) {
 	// The indexes are pushed while the blob is intact: a node that had to
 	// stream an altered layer to index it would refuse it whole.
 	if r := lazyEnv(t, img, "").run(ctx, "image", "index", strings.TrimPrefix(img.ref, "registry:")); r.code != 0 {
-		t.Fatalf("image index: exit %d
-%s
-%s", r.code, r.stdout, r.stderr)
+		t.Fatalf("image index: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
 
 	t.Run("registry killed mid-read", func(t *testing.T) {
@@ -292,4 +290,35 @@ func TestLazyRegistryFaults(t *testing.T) {
 			t.Errorf("no log line names the digest mismatch:\n%s", r.stderr)
 		}
 	})
+}
+
+// TestShimLazyAnnotation: a containerd pod whose annotation names a
+// registry image runs from it, read lazily, when the configuration allows
+// it, and is refused by name when it does not.
+func TestShimLazyAnnotation(t *testing.T) {
+	img := pushLazyImage(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	ann := "io.kata-fsx.image.lazy=" + img.ref
+
+	ce := newContainerdEnvFor(t, func() *env { return lazyEnv(t, img, "prefetch = false\nlazy_image_annotation = true") })
+	r := ce.ctr(ctx, ce.runArgs("--rm", "--annotation", ann, ce.image, "lazy-on", "/bin/sh", "-c", `md5sum /data/big2; grep " / " /proc/mounts`)...)
+	if r.code != 0 {
+		t.Fatalf("ctr run: exit %d\nstdout:\n%s\nstderr:\n%s\nshim log:\n%s", r.code, r.stdout, r.stderr, ce.logTail(4000))
+	}
+	if img.checkMD5s(t, r.stdout) != 1 {
+		t.Fatalf("no md5sum of /data/big2 (the registry image's file) in:\n%s", r.stdout)
+	}
+	if got := rootFstype(r.stdout); got != "ext4" {
+		t.Errorf("guest / is %q, want ext4 (imagefs-blk)", got)
+	}
+	if !strings.Contains(ce.logTail(1<<20), "read lazily on imagefs-blk") {
+		t.Errorf("the shim did not log the lazy rootfs")
+	}
+
+	off := newContainerdEnvFor(t, func() *env { return lazyEnv(t, img, "") })
+	r = off.ctr(ctx, off.runArgs("--rm", "--annotation", ann, off.image, "lazy-off", "/bin/true")...)
+	if r.code == 0 || !strings.Contains(r.stderr, "lazy_image_annotation") {
+		t.Fatalf("annotation with lazy_image_annotation off: exit %d, want a refusal naming the key\n%s", r.code, r.stderr)
+	}
 }
