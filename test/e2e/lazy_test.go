@@ -98,6 +98,12 @@ func lazyEnv(t *testing.T, img *lazyImage, registry string) *env {
 	return e
 }
 
+// imageIndex runs `kata-fsx image index REF` with the env's config.
+func (e *env) imageIndex(ctx context.Context, ref string) result {
+	e.t.Helper()
+	return runCmd(e.t, exec.CommandContext(ctx, kataFSX(e.t), "image", "index", "--config", e.config, ref))
+}
+
 func readStats(t *testing.T, p string) *sandbox.RunStats {
 	t.Helper()
 	var s sandbox.RunStats
@@ -130,7 +136,7 @@ func TestLazyRegistryPods(t *testing.T) {
 	defer cancel()
 
 	// The index artifact first, as an image publisher would push it.
-	r := e.run(ctx, "image", "index", strings.TrimPrefix(img.ref, "registry:"))
+	r := e.imageIndex(ctx, img.ref)
 	if r.code != 0 {
 		t.Fatalf("image index: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
@@ -225,7 +231,7 @@ func TestLazyRegistryFaults(t *testing.T) {
 	defer cancel()
 	// The indexes are pushed while the blob is intact: a node that had to
 	// stream an altered layer to index it would refuse it whole.
-	if r := lazyEnv(t, img, "").run(ctx, "image", "index", strings.TrimPrefix(img.ref, "registry:")); r.code != 0 {
+	if r := lazyEnv(t, img, "").imageIndex(ctx, img.ref); r.code != 0 {
 		t.Fatalf("image index: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
 
