@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -31,6 +32,10 @@ type Options struct {
 	// Logf receives progress and decisions, one line per call; nil
 	// discards them.
 	Logf func(format string, args ...any)
+	// ProgressInterval is the least time between progress lines of a
+	// layer being streamed (they come as each Range GET's bytes are
+	// consumed); zero means two seconds.
+	ProgressInterval time.Duration
 }
 
 func (o *Options) logf(format string, args ...any) {
@@ -330,6 +335,21 @@ func mib(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}
+
+// Artifact returns the index artifact every layer's index came from, if
+// they all came from one.
+func (img *Image) Artifact() (digest.Digest, bool) {
+	if len(img.LayerSources) == 0 {
+		return "", false
+	}
+	for _, s := range img.LayerSources {
+		if s != img.LayerSources[0] {
+			return "", false
+		}
+	}
+	d, ok := strings.CutPrefix(img.LayerSources[0], sourceArtifact)
+	return digest.Digest(d), ok
 }
 
 // Tree merges the layers' trees into the image's tree, lowest layer first;

@@ -203,7 +203,9 @@ func TestBuildPushResolve(t *testing.T) {
 	f := newFixture(t)
 	ref := f.push(t, "kata/lazy")
 	var bl logs
-	built, err := Build(f.ctx, f.opts(&bl, ""), ref)
+	bo := f.opts(&bl, "")
+	bo.ProgressInterval = time.Nanosecond
+	built, err := Build(f.ctx, bo, ref)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +223,8 @@ func TestBuildPushResolve(t *testing.T) {
 			t.Fatalf("layer %d: index of %s (%s), want %s", i+1, built.Layers[i].Digest, built.Layers[i].DiffID, f.img.Manifest.Layers[i].Digest)
 		}
 	}
-	if !bl.has("streaming layer 1/2 "+f.img.Manifest.Layers[0].Digest.String()) || !bl.has("indexed layer 2/2", "checkpoints") {
+	if !bl.has("streaming layer 1/2 "+f.img.Manifest.Layers[0].Digest.String()) || !bl.has("indexed layer 2/2", "checkpoints") ||
+		!bl.has("layer 1/2 "+f.img.Manifest.Layers[0].Digest.String()+": 8.0 MiB of "+mib(f.img.Manifest.Layers[0].Size)) {
 		t.Fatalf("Build did not report its streaming:\n%s", bl.String())
 	}
 	checkContent(t, f.ctx, built, f.img)

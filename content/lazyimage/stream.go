@@ -20,7 +20,7 @@ const (
 	// chunkTimeout bounds one chunk's GET, retries included (8 MiB at 1
 	// Mbit/s takes about a minute).
 	chunkTimeout = 2 * time.Minute
-	// progressEvery is how often a streaming layer reports progress.
+	// progressEvery is the default Options.ProgressInterval.
 	progressEvery = 2 * time.Second
 )
 
@@ -30,8 +30,12 @@ func streamLayer(ctx context.Context, opts *Options, img *Image, l *layer) (*laz
 	start := time.Now()
 	opts.logf("%s: streaming %s (%s)", img.Ref, l, mib(l.desc.Size))
 	last := start
+	every := opts.ProgressInterval
+	if every <= 0 {
+		every = progressEvery
+	}
 	r := newStreamReader(ctx, opts.Client.Blob(ctx, img.Ref, l.desc, chunkTimeout), l.desc.Size, func(done int64) {
-		if now := time.Now(); now.Sub(last) >= progressEvery {
+		if now := time.Now(); now.Sub(last) >= every {
 			last = now
 			opts.logf("%s: %s of %s, %.1fs", l, mib(done), mib(l.desc.Size), now.Sub(start).Seconds())
 		}
@@ -106,15 +110,16 @@ func (s *streamReader) Read(p []byte) (int, error) {
 		case f.err != nil:
 			s.err = f.err
 		default:
+			// Progress is reported per chunk: the bytes consumed before it.
+			if s.done > 0 && s.progress != nil {
+				s.progress(s.done)
+			}
 			s.cur = f.b
 		}
 	}
 	n := copy(p, s.cur)
 	s.cur = s.cur[n:]
 	s.done += int64(n)
-	if s.progress != nil {
-		s.progress(s.done)
-	}
 	return n, nil
 }
 
