@@ -452,6 +452,41 @@ func TestHostileArtifacts(t *testing.T) {
 		})
 	}
 
+	// The registry's stored copy of a good artifact's index blob cut short
+	// (a damaged store): what it serves no longer matches the descriptor.
+	t.Run("index blob truncated in the registry", func(t *testing.T) {
+		ref := f.push(t, "kata/cut")
+		target, err := Build(f.ctx, Options{Client: f.client}, ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ad, err := Push(f.ctx, Options{Client: f.client}, target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		blob := digest.FromBytes(enc[0])
+		p := f.reg.BlobPath(blob)
+		if err := os.Truncate(p, int64(len(enc[0])/3)); err != nil {
+			t.Fatal(err)
+		}
+		// The registry keeps one copy of a blob for all repositories.
+		defer func() {
+			if err := os.WriteFile(p, enc[0], 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}()
+		var l logs
+		img, err := Resolve(f.ctx, f.opts(&l, ""), ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if img.LayerSources[0] != SourceStreamed || img.LayerSources[1] != "artifact "+ad.Digest.String() ||
+			!l.has(ad.Digest.String(), "index "+blob.String()+" of layer 1/2", "refused") {
+			t.Fatalf("sources %q:\n%s", img.LayerSources, l.String())
+		}
+		sameIndexes(t, built, img)
+	})
+
 	t.Run("good artifact behind a bad newer one", func(t *testing.T) {
 		ref := f.push(t, "kata/goodbad")
 		target, err := Build(f.ctx, Options{Client: f.client}, ref)
@@ -575,4 +610,33 @@ func TestMaxIndexSize(t *testing.T) {
 	if got := maxIndexSize(1 << 62); got != lazyindex.MaxEncodedSize {
 		t.Fatalf("maxIndexSize(huge) = %d, want lazyindex.MaxEncodedSize", got)
 	}
+}
+
+// TestStreamedLayerAltered: a layer blob whose bytes were altered in the
+// registry's store is refused while streaming, naming the layer; nothing
+// of it reaches the node cache.
+func TestStreamedLayerAltered(t *testing.T) {
+	f := newFixture(t)
+	ref := f.push(t, "kata/altered")
+	p := f.reg.BlobPath(f.img.Manifest.Layers[0].Digest)
+	b := bytes.Clone(f.img.Blobs[0])
+	b[len(b)/2] ^= 0x55
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := os.WriteFile(p, f.img.Blobs[0], 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	cache := t.TempDir()
+	var l logs
+	_, err := Resolve(f.ctx, f.opts(&l, cache), ref)
+	if err == nil || !strings.Contains(err.Error(), "layer 1/2 "+f.img.Manifest.Layers[0].Digest.String()) {
+		t.Fatalf("Resolve with an altered layer blob: %v\n%s", err, l.String())
+	}
+	if _, serr := os.Stat(indexCachePath(cache, f.img.Manifest.Layers[0].Digest)); serr == nil {
+		t.Fatal("an index of the altered layer was cached")
+	}
+	t.Logf("refused: %v", err)
 }

@@ -41,7 +41,7 @@ func streamLayer(ctx context.Context, opts *Options, img *Image, l *layer) (*laz
 		}
 	})
 	defer r.Close()
-	ix, err := lazyindex.Build(ctx, r, lazyindex.Options{MaxEntries: opts.maxEntries(), Layer: l.String()})
+	ix, err := lazyindex.Build(ctx, r, lazyindex.Options{MaxEntries: opts.maxEntries(), Layer: fmt.Sprintf("%d/%d %s", l.n, l.of, l.desc.Digest)}) // lazyindex says "layer X"
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", img.Ref, err)
 	}
