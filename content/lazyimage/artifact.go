@@ -205,7 +205,7 @@ func fromArtifacts(ctx context.Context, opts *Options, img *Image, ls []layer) i
 		opts.logf("%s: no index artifact refers to manifest %s", img.Ref, img.ManifestDesc.Digest)
 	}
 	for _, c := range cands {
-		if missing() == 0 {
+		if missing() == 0 || ctx.Err() != nil {
 			break
 		}
 		m, err := fetchArtifact(ctx, opts, img.Ref, c, ArtifactType, IndexMediaType, img.ManifestDesc.Digest, maxArtifactLayers)

@@ -49,6 +49,8 @@ func (o *Options) maxEntries() int {
 }
 
 // Image is an image manifest, its config and one lazy-read index per layer.
+// Nothing changes it once Resolve or Build returns it, so it may be shared
+// between goroutines (LayerFetcher, Tree, Encoded, Push).
 type Image struct {
 	Ref          registry.Reference
 	Manifest     ocispec.Manifest
@@ -200,22 +202,20 @@ func Resolve(ctx context.Context, opts Options, ref registry.Reference) (*Image,
 		missing = fromArtifacts(ctx, &opts, img, ls)
 	}
 	if missing > 0 {
-		var bytes int64
+		var size int64
 		for i := range ls {
 			if img.Layers[i] == nil {
-				bytes += ls[i].desc.Size
+				size += ls[i].desc.Size
 			}
 		}
-		opts.logf("no usable index artifact for %s: building by streaming %d of %d layers (%s)", ref, missing, len(ls), mib(bytes))
+		opts.logf("no usable index artifact for %s: building by streaming %d of %d layers (%s)", ref, missing, len(ls), mib(size))
 		for i := range ls {
 			if img.Layers[i] != nil {
 				continue
 			}
-			ix, err := streamLayer(ctx, &opts, img, &ls[i])
-			if err != nil {
+			if err := img.stream(ctx, &opts, &ls[i], i); err != nil {
 				return nil, err
 			}
-			img.Layers[i], img.LayerSources[i] = ix, SourceStreamed
 			storeCachedIndex(&opts, img, i)
 		}
 	}
@@ -236,11 +236,9 @@ func Build(ctx context.Context, opts Options, ref registry.Reference) (*Image, e
 	}
 	opts.logf("building the indexes of %s by streaming %d layers (%s)", ref, len(ls), mib(total))
 	for i := range ls {
-		ix, err := streamLayer(ctx, &opts, img, &ls[i])
-		if err != nil {
+		if err := img.stream(ctx, &opts, &ls[i], i); err != nil {
 			return nil, err
 		}
-		img.Layers[i], img.LayerSources[i] = ix, SourceStreamed
 		storeCachedIndex(&opts, img, i)
 	}
 	img.IndexSource = SourceStreamed
@@ -380,20 +378,32 @@ func (img *Image) Encoded(i int) ([]byte, error) {
 	return bytes.Clone(b), err
 }
 
-// encodedIndex is Encoded without the copy, for Push and the cache.
+// encodedIndex is Encoded without the copy, for Push and the cache. It
+// does not change img, so that an Image is safe for concurrent use.
 func (img *Image) encodedIndex(i int) ([]byte, error) {
 	if i < 0 || i >= len(img.Layers) || img.Layers[i] == nil {
 		return nil, fmt.Errorf("image %s: no index for layer %d", img.Ref, i+1)
 	}
-	if len(img.encoded) != len(img.Layers) {
-		img.encoded = make([][]byte, len(img.Layers))
+	if i < len(img.encoded) && img.encoded[i] != nil {
+		return img.encoded[i], nil
 	}
-	if img.encoded[i] == nil {
-		b, err := img.Layers[i].MarshalBinary()
-		if err != nil {
-			return nil, fmt.Errorf("image %s: layer %d: %w", img.Ref, i+1, err)
-		}
-		img.encoded[i] = b
+	b, err := img.Layers[i].MarshalBinary()
+	if err != nil {
+		return nil, fmt.Errorf("image %s: layer %d: %w", img.Ref, i+1, err)
 	}
-	return img.encoded[i], nil
+	return b, nil
+}
+
+// stream streams layer i, l, into img with its encoding.
+func (img *Image) stream(ctx context.Context, opts *Options, l *layer, i int) error {
+	ix, err := streamLayer(ctx, opts, img, l)
+	if err != nil {
+		return err
+	}
+	b, err := ix.MarshalBinary()
+	if err != nil {
+		return fmt.Errorf("image %s: %s: %w", img.Ref, l, err)
+	}
+	img.Layers[i], img.encoded[i], img.LayerSources[i] = ix, b, SourceStreamed
+	return nil
 }
