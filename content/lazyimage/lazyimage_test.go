@@ -640,3 +640,55 @@ func TestStreamedLayerAltered(t *testing.T) {
 	}
 	t.Logf("refused: %v", err)
 }
+
+// TestNodeCacheIndexDigest: an image named by the digest of a
+// multi-platform index resolves to its linux/amd64 manifest, and a warm
+// node does so again from its cache with the registry stopped.
+func TestNodeCacheIndexDigest(t *testing.T) {
+	f := newFixture(t)
+	ref := f.push(t, "kata/multi")
+	m, md, err := f.client.ImageManifest(f.ctx, ref)
+	if err != nil || len(m.Layers) != 2 {
+		t.Fatal(err)
+	}
+	idx := ocispec.Index{MediaType: ocispec.MediaTypeImageIndex, Manifests: []ocispec.Descriptor{
+		{MediaType: md.MediaType, Digest: md.Digest, Size: md.Size, Platform: &ocispec.Platform{OS: "linux", Architecture: "amd64"}}}}
+	idx.SchemaVersion = 2
+	ib, _ := json.Marshal(idx)
+	id, err := f.client.PushManifest(f.ctx, ref, ocispec.MediaTypeImageIndex, ib, "multi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	byIndex := ref
+	byIndex.Tag, byIndex.Digest = "", id.Digest
+	cache := t.TempDir()
+	var l logs
+	cold, err := Resolve(f.ctx, f.opts(&l, cache), byIndex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cold.ManifestDesc.Digest != md.Digest || cold.IndexSource != SourceStreamed {
+		t.Fatalf("cold: manifest %s from %q, want %s built by streaming", cold.ManifestDesc.Digest, cold.IndexSource, md.Digest)
+	}
+	f.reg.Stop()
+	warm, err := Resolve(f.ctx, f.opts(&l, cache), byIndex)
+	if err != nil {
+		t.Fatalf("warm, registry stopped: %v\n%s", err, l.String())
+	}
+	if warm.ManifestDesc.Digest != md.Digest || warm.IndexSource != SourceNodeCache {
+		t.Fatalf("warm: manifest %s from %q", warm.ManifestDesc.Digest, warm.IndexSource)
+	}
+	sameIndexes(t, cold, warm)
+
+	// A damaged image record is logged and fetched again.
+	f.reg.Start()
+	rec := imageCachePath(cache, id.Digest)
+	if err := os.WriteFile(rec, []byte(`{"manifest_descriptor":{"digest":"sha256:00"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var dl logs
+	again, err := Resolve(f.ctx, f.opts(&dl, cache), byIndex)
+	if err != nil || again.ManifestDesc.Digest != md.Digest || !dl.has("node cache image "+rec, "unusable") {
+		t.Fatalf("damaged image record: %v\n%s", err, dl.String())
+	}
+}
