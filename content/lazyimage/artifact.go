@@ -46,6 +46,10 @@ const (
 	AnnotationIndexVersion = "com.github.kata-fsx.lazyindex.version"
 )
 
+// MaxTraceSize bounds a prefetch trace: a trace lists block ranges, and
+// 16 MiB of them covers far more than a pod's first seconds read.
+const MaxTraceSize = 16 << 20
+
 // indexVersion is lazyindex's encoding version, recorded in artifacts so
 // an operator can see which kata-fsx can read them; Decode checks the
 // version in each blob whatever this says.
@@ -59,8 +63,6 @@ const (
 	// maxCandidates bounds how many artifacts of one type Resolve and
 	// FetchTrace try, newest first, before they give up on them.
 	maxCandidates = 4
-	// MaxTraceSize bounds a prefetch trace.
-	MaxTraceSize = 16 << 20
 	// indexSizeFloor is the least maxIndexSize allows: the tree of a small
 	// layer of many empty files outweighs the layer itself.
 	indexSizeFloor = 4 << 20

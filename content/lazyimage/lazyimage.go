@@ -20,6 +20,7 @@ import (
 
 // Options configure Resolve, Build, Push and the trace functions.
 type Options struct {
+	// Client reaches the registry; it is required.
 	Client *registry.Client
 	// MaxEntries bounds the entries of one layer's tree; zero means
 	// blk/index's default.
