@@ -89,7 +89,7 @@ func loadCachedImage(opts *Options, img *Image) bool {
 		return false
 	}
 	p := imageCachePath(opts.CacheDir, img.Ref.Digest)
-	b, err := readBounded(p, 2*maxConfigSize)
+	b, err := readBounded(p, 3*maxConfigSize) // a config (base64 in JSON) and a manifest
 	if errors.Is(err, fs.ErrNotExist) {
 		return false
 	}
