@@ -32,6 +32,8 @@ const imageUsage = `usage: kata-fsx image COMMAND
   inspect DIR [--json]
   export DIR --raw OUT [--overlay FILE]
   serve DIR --socket PATH [--overlay FILE] [--read-only] [--queues N]
+  index registry:HOST/REPO[:TAG] [--config F] [--push=true] [--force] [-q]
+        build each layer's lazy-read index and push them as an artifact referring to the image
 `
 
 // buildInfoFile records how an image directory was built.
@@ -61,6 +63,8 @@ func runImage(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		err = imageExport(ctx, args[1:], stdout, stderr)
 	case "serve":
 		err = imageServe(ctx, args[1:], stdout, stderr)
+	case "index":
+		err = imageIndex(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, imageUsage)
 		return 0
