@@ -43,11 +43,11 @@ var ErrClosed = errors.New("content store closed")
 
 // Options configure a Store.
 type Options struct {
-	Dir         string        // node disk tier root (e.g. <imagefs_blk state_dir>/content); "" = memory only
-	MemoryBytes int64         // bound of the memory tier (decompressed spans / chunks); 0 = 64 MiB
-	ReadTimeout time.Duration // deadline of one guest read, network included; 0 = 30 s
-	MaxFetch    int64         // adjacent missing chunks are merged into one Range GET up to this; 0 = 8 MiB
-	Retries     int           // attempts per fetch after the first, with backoff from 100 ms doubling; 0 = 3, <0 = none
+	Dir         string                           // node disk tier root (e.g. <imagefs_blk state_dir>/content); "" = memory only
+	MemoryBytes int64                            // bound of the memory tier (decompressed spans / chunks); 0 = 64 MiB
+	ReadTimeout time.Duration                    // deadline of one guest read, network included; 0 = 30 s
+	MaxFetch    int64                            // adjacent missing chunks are merged into one Range GET up to this; 0 = 8 MiB
+	Retries     int                              // attempts per fetch after the first, with backoff from 100 ms doubling; 0 = 3, <0 = none
 	Logf        func(format string, args ...any) // nil = discard
 }
 
@@ -68,8 +68,8 @@ type Stats struct {
 
 type counters struct {
 	fetchedBytes, fetchedChunks, rangeRequests, fetchErrors atomic.Int64
-	memoryHits, diskHits, verifyFailures, readErrors       atomic.Int64
-	spansInflated, diskFull                                atomic.Int64
+	memoryHits, diskHits, verifyFailures, readErrors        atomic.Int64
+	spansInflated, diskFull                                 atomic.Int64
 }
 
 // Store is the node's lazy content store: a memory tier, a node disk tier
