@@ -62,7 +62,10 @@
 // the first time a Store reads it; it is then fetched again, never served.
 // A write that fails (ENOSPC, EDQUOT, EIO) leaves the chunks unmarked,
 // punches their blocks out of the data file, logs one line, and the layer
-// is served from memory from then on.
+// is served from memory; writing is tried again a minute later, as space
+// may have been freed. The node cache does not evict: a layer's files grow
+// to the blob's size at most, and are removed with the node's cache
+// directory.
 //
 // # Fill and prefetch
 //

@@ -69,7 +69,7 @@ func (s *Store) ctxErr(ctx context.Context, l *layer, i int64) error {
 // held reports whether chunk i is in the tier it should be in: on disk for
 // a layer with a working disk tier, else in memory. l.mu is held.
 func (s *Store) heldLocked(l *layer, i int64) bool {
-	if l.data != nil && !l.diskOff {
+	if l.data != nil && l.diskOnLocked() {
 		return l.held[i]
 	}
 	return s.mem.has(memKey{l, memChunk, i})

@@ -29,6 +29,10 @@ const (
 	// initLockWait bounds how long opening a layer's cache files waits for
 	// another process initialising them.
 	initLockWait = 10 * time.Second
+	// diskRetry is how long a layer whose chunk write failed is served
+	// from memory before writing to the node disk is tried again (space
+	// may have been freed).
+	diskRetry = time.Minute
 )
 
 // layer is one added layer: its index, its fetcher and its cache files.
@@ -46,7 +50,9 @@ type layer struct {
 	verified []bool // chunk read from disk and verified since Open
 	inflight map[int64]*call
 	spans    map[int64]*call
-	diskOff  bool // the node disk is full or failing: serve from memory
+	// diskOff is when the node disk last refused a write (full or
+	// failing): until diskRetry after it, the layer is served from memory.
+	diskOff time.Time
 }
 
 // call is one chunk's (or span's) fetch in flight; done closes when b or
@@ -152,7 +158,11 @@ func (l *layer) close() error {
 func (l *layer) onDisk() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.data != nil && !l.diskOff
+	return l.data != nil && l.diskOnLocked()
+}
+
+func (l *layer) diskOnLocked() bool {
+	return l.diskOff.IsZero() || time.Since(l.diskOff) >= l.s.diskRetry
 }
 
 // mapHeld reads the chunk map's entries for [lo, hi) as the file has them
@@ -231,8 +241,8 @@ func (l *layer) writeDisk(lo int64, b []byte) bool {
 	}
 	full := errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 	l.mu.Lock()
-	first := !l.diskOff
-	l.diskOff = true
+	first := l.diskOnLocked() // not already off: say so once per episode
+	l.diskOff = time.Now()
 	l.mu.Unlock()
 	if full {
 		l.s.stats.diskFull.Add(1)

@@ -80,6 +80,7 @@ type Store struct {
 	maxFetch    int64
 	retries     int
 	logf        func(format string, args ...any)
+	diskRetry   time.Duration // diskRetry, shortened by tests
 	mem         *memTier
 	stats       counters
 
@@ -111,6 +112,7 @@ func Open(opts Options) (*Store, error) {
 		readTimeout: opts.ReadTimeout,
 		maxFetch:    opts.MaxFetch,
 		retries:     opts.Retries,
+		diskRetry:   diskRetry,
 		logf:        opts.Logf,
 		layers:      make(map[string]*layer),
 		blobs:       make(map[string]*layer),

@@ -407,10 +407,10 @@ func TestDiskFull(t *testing.T) {
 		t.Fatalf("blob of %d bytes does not overflow the 256 KiB tmpfs", len(l.blob))
 	}
 	var log logBuf
-	s, err := Open(Options{Dir: dir, Logf: log.logf, MaxFetch: 64 * kib})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A memory tier smaller than the layer, so that reads after the disk
+	// has room again must fetch (and write) again.
+	s := openStore(t, Options{Dir: dir, Logf: log.logf, MaxFetch: 64 * kib, MemoryBytes: 256 * kib})
+	s.diskRetry = time.Second
 	r := layerReader(t, s, l, newFake(l.blob))
 	checkRead(t, r, l.tar, 0, len(l.tar))
 	checkRead(t, r, l.tar, int64(len(l.tar))/3, 100*kib)
@@ -420,27 +420,54 @@ func TestDiskFull(t *testing.T) {
 		t.Fatalf("stats %+v, log %q: want one 'node cache full' line", st, log.lines)
 	}
 	t.Log(lines[0])
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	// Every chunk marked on disk verifies; at least one made it.
+	// Every chunk marked on disk verifies; some made it, not all.
 	base := filepath.Join(dir, "layers", l.ix.Digest[7:])
-	m, _ := os.ReadFile(base + ".chunks")
-	data, _ := os.ReadFile(base + ".data")
-	held := 0
-	for i := int64(0); i < l.ix.NumChunks(); i++ {
-		if m[mapHeaderSize+i] == 1 {
-			held++
-			a, b := l.ix.ChunkRange(i)
-			if err := l.ix.VerifyChunk(i, data[a:b]); err != nil {
-				t.Fatalf("chunk %d marked held after ENOSPC: %v", i, err)
+	heldChunks := func() int {
+		m, _ := os.ReadFile(base + ".chunks")
+		data, _ := os.ReadFile(base + ".data")
+		held := 0
+		for i := int64(0); i < l.ix.NumChunks(); i++ {
+			if m[mapHeaderSize+i] == 1 {
+				held++
+				a, b := l.ix.ChunkRange(i)
+				if err := l.ix.VerifyChunk(i, data[a:b]); err != nil {
+					t.Fatalf("chunk %d marked held: %v", i, err)
+				}
 			}
 		}
+		return held
 	}
+	held := heldChunks()
 	if held == 0 || held == int(l.ix.NumChunks()) {
 		t.Fatalf("%d of %d chunks held on a 256 KiB disk", held, l.ix.NumChunks())
 	}
 	t.Logf("%d of %d chunks on disk", held, l.ix.NumChunks())
+
+	// Space freed (the tmpfs grown): after the retry interval the same
+	// Store writes to disk again, and the whole layer survives a restart.
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_REMOUNT, "size=4m"); err != nil {
+		t.Fatalf("grow tmpfs: %v", err)
+	}
+	time.Sleep(time.Second)
+	checkRead(t, r, l.tar, 0, len(l.tar))
+	if n := heldChunks(); n <= held {
+		t.Fatalf("after space was freed, reads wrote no chunks: %d of %d on disk", n, l.ix.NumChunks())
+	}
+	// The chunks still in memory are written by the fill.
+	if err := s.Fill(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := heldChunks(); n != int(l.ix.NumChunks()) {
+		t.Fatalf("after space was freed, %d of %d chunks on disk", n, l.ix.NumChunks())
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	down := newFake(l.blob)
+	down.fail.Store(-1)
+	s3 := openStore(t, Options{Dir: dir, Retries: -1})
+	checkRead(t, layerReader(t, s3, l, down), l.tar, 0, len(l.tar))
+	s3.Close()
 }
 
 // TestTwoStoresOneDir: two Stores on one directory (two pods' shims)
