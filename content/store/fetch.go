@@ -190,7 +190,10 @@ func (s *Store) fetchRun(l *layer, lo int64, calls []*call, keep bool) {
 			} else {
 				for k, h := range held {
 					i := lo + int64(k)
-					if !h {
+					l.mu.Lock()
+					bad := l.badDisk[i]
+					l.mu.Unlock()
+					if !h || bad {
 						continue
 					}
 					if b, err := l.readDisk(i); err == nil {

@@ -48,6 +48,7 @@ type layer struct {
 	mu       sync.Mutex
 	held     []bool // chunk durable on disk, as far as this process knows
 	verified []bool // chunk read from disk and verified since Open
+	badDisk  []bool // chunk on disk did not verify: fetch it, do not reread it
 	inflight map[int64]*call
 	spans    map[int64]*call
 	// diskOff is when the node disk last refused a write (full or
@@ -67,7 +68,7 @@ func newCall() *call { return &call{done: make(chan struct{})} }
 
 func newLayer(s *Store, ix *lazyindex.Index, f Fetcher) (*layer, error) {
 	n := ix.NumChunks()
-	l := &layer{s: s, ix: ix, f: f, name: ix.Digest, held: make([]bool, n), verified: make([]bool, n),
+	l := &layer{s: s, ix: ix, f: f, name: ix.Digest, held: make([]bool, n), verified: make([]bool, n), badDisk: make([]bool, n),
 		inflight: make(map[int64]*call), spans: make(map[int64]*call)}
 	if s.opts.Dir == "" {
 		return l, nil
@@ -193,6 +194,9 @@ func (l *layer) readDisk(i int64) ([]byte, error) {
 	l.mu.Unlock()
 	if !ok {
 		if err := l.ix.VerifyChunk(i, b); err != nil {
+			l.mu.Lock()
+			l.badDisk[i] = true
+			l.mu.Unlock()
 			l.s.stats.verifyFailures.Add(1)
 			l.s.logf("node cache %s: layer %s chunk %d (bytes [%d, %d)) on disk does not verify, fetching it again: %v", l.s.opts.Dir, l.name, i, start, end, err)
 			return nil, err
@@ -228,6 +232,7 @@ func (l *layer) writeDisk(lo int64, b []byte) bool {
 		for i := lo; i < hi; i++ {
 			l.held[i] = true
 			l.verified[i] = true
+			l.badDisk[i] = false
 		}
 		l.mu.Unlock()
 		return true

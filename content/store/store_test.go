@@ -48,23 +48,27 @@ func checkRead(t testing.TB, r io.ReaderAt, tb []byte, off int64, n int) {
 
 // TestReadMatchesLayer is the read path's property: random reads of plain
 // and gzip layers (several levels) give the plain tar's bytes, through a
-// memory tier small enough to evict, with and without the disk tier.
+// memory tier small enough to evict, with and without the disk tier, and
+// with one too small to keep spans.
 func TestReadMatchesLayer(t *testing.T) {
 	for _, level := range []int{-1, 1, 6, 9} {
-		for _, disk := range []bool{false, true} {
+		for _, tier := range []string{"memory", "disk", "small"} {
 			name := "plain"
 			if level >= 0 {
 				name = "gzip" + string(rune('0'+level))
 			}
-			if disk {
-				name += "/disk"
-			}
+			name += "/" + tier
 			t.Run(name, func(t *testing.T) {
 				rng := rand.New(rand.NewPCG(uint64(level+2), 7))
 				l := makeLayer(t, rng, level, 24, 200*kib, 64*kib, 64*kib)
 				opts := Options{MemoryBytes: 512 * kib, MaxFetch: 256 * kib}
-				if disk {
+				switch tier {
+				case "disk":
 					opts.Dir = t.TempDir()
+				case "small":
+					// Spans larger than a quarter of the memory tier are
+					// inflated up to the bytes read, not kept.
+					opts.MemoryBytes = 128 * kib
 				}
 				s := openStore(t, opts)
 				r := layerReader(t, s, l, newFake(l.blob))
@@ -86,6 +90,9 @@ func TestReadMatchesLayer(t *testing.T) {
 				}
 				if st.ReadErrors != 0 || st.VerifyFailures != 0 {
 					t.Fatalf("stats %+v", st)
+				}
+				if tier == "small" && level >= 0 && st.SpansInflated < 300 {
+					t.Fatalf("%d inflations for 304 reads with no room for spans: spans kept?", st.SpansInflated)
 				}
 				t.Logf("%s: tar %d, blob %d bytes: %+v", name, size, len(l.blob), st)
 			})
