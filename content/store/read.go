@@ -31,6 +31,9 @@ func (r *reader) ReadAt(p []byte, off int64) (int, error) {
 		return 0, io.EOF
 	}
 	want := min(int64(len(p)), ix.Size-off)
+	if want == 0 {
+		return 0, nil
+	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.readTimeout)
 	defer cancel()
 	var err error

@@ -174,6 +174,11 @@ func (s *Store) AddLayer(ix *lazyindex.Index, f Fetcher) error {
 	if err := checkIndex(ix); err != nil {
 		return err
 	}
+	// Offsets and checkpoints are trusted from here on: an index not
+	// from Decode (which validates) is checked the same way.
+	if err := ix.Validate(); err != nil {
+		return fmt.Errorf("content store: layer %s: %w", ix.Digest, err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {

@@ -738,3 +738,29 @@ func lastLine(out string) string {
 	}
 	return out
 }
+
+// TestConcurrentReads: 32 readers (a vhost-user queue's executors) read
+// random ranges of a gzip layer at once, through a memory tier that
+// evicts, and all get the layer's bytes; each chunk is fetched once.
+func TestConcurrentReads(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 15))
+	l := makeLayer(t, rng, 6, 16, 300*kib, 64*kib, 64*kib)
+	s := openStore(t, Options{Dir: t.TempDir(), MemoryBytes: 512 * kib, MaxFetch: 256 * kib})
+	fk := newFake(l.blob)
+	r := layerReader(t, s, l, fk)
+	var wg sync.WaitGroup
+	for g := 0; g < 32; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 16))
+			for i := 0; i < 40; i++ {
+				checkRead(t, r, l.tar, rng.Int64N(int64(len(l.tar))), 1+rng.IntN(128*kib))
+			}
+		}()
+	}
+	wg.Wait()
+	if st := s.Stats(); fk.bytes.Load() > int64(len(l.blob)) || st.ReadErrors != 0 {
+		t.Fatalf("fetched %d bytes of a blob of %d: %+v", fk.bytes.Load(), len(l.blob), st)
+	}
+}
