@@ -100,17 +100,6 @@ func TestReadMatchesLayer(t *testing.T) {
 	}
 }
 
-// fuzzLayers are built once for FuzzReadPath.
-var fuzzLayers = sync.OnceValue(func() []*testLayer {
-	t := &testing.T{}
-	var ls []*testLayer
-	for i, level := range []int{-1, 1, 9} {
-		rng := rand.New(rand.NewPCG(uint64(i), 99))
-		ls = append(ls, makeLayer(t, rng, level, 8, 150*kib, 64*kib, 64*kib))
-	}
-	return ls
-})
-
 // FuzzReadPath reads random ranges of plain and gzip layers through the
 // store (a small memory tier) and compares them with the plain tar.
 func FuzzReadPath(f *testing.F) {
@@ -118,7 +107,11 @@ func FuzzReadPath(f *testing.F) {
 	f.Add(uint8(1), uint64(65535), uint32(70000))
 	f.Add(uint8(2), uint64(1<<20), uint32(1))
 	f.Add(uint8(2), uint64(300000), uint32(400000))
-	ls := fuzzLayers()
+	var ls []*testLayer
+	for i, level := range []int{-1, 1, 9} {
+		rng := rand.New(rand.NewPCG(uint64(i), 99))
+		ls = append(ls, makeLayer(f, rng, level, 8, 150*kib, 64*kib, 64*kib))
+	}
 	f.Fuzz(func(t *testing.T, which uint8, off uint64, n uint32) {
 		l := ls[int(which)%len(ls)]
 		s := openStore(t, Options{MemoryBytes: 256 * kib})
@@ -762,5 +755,61 @@ func TestConcurrentReads(t *testing.T) {
 	wg.Wait()
 	if st := s.Stats(); fk.bytes.Load() > int64(len(l.blob)) || st.ReadErrors != 0 {
 		t.Fatalf("fetched %d bytes of a blob of %d: %+v", fk.bytes.Load(), len(l.blob), st)
+	}
+}
+
+// TestLockedByOtherProcess plays the other process with its own open file
+// description: while it holds a chunk's lock, a read waits no longer than
+// its deadline; when it writes the chunk, marks it and unlocks, the read
+// takes the chunk from disk without a request.
+func TestLockedByOtherProcess(t *testing.T) {
+	rng := rand.New(rand.NewPCG(16, 16))
+	l := makeLayer(t, rng, -1, 4, 300*kib, 64*kib, 0)
+	dir := t.TempDir()
+	s := openStore(t, Options{Dir: dir, ReadTimeout: 300 * time.Millisecond})
+	fk := newFake(l.blob)
+	r := layerReader(t, s, l, fk)
+	base := filepath.Join(dir, "layers", l.ix.Digest[7:])
+	other, err := os.OpenFile(base+".data", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	otherMap, err := os.OpenFile(base+".chunks", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer otherMap.Close()
+	start, end := l.ix.ChunkRange(2)
+	unlock, err := lockRange(context.Background(), other, start, end-start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	_, err = r.ReadAt(make([]byte, 100), start+10)
+	if d := time.Since(t0); !errors.Is(err, ErrReadTimeout) || d > time.Second {
+		t.Fatalf("read of a chunk another process is fetching: %v after %v, want ErrReadTimeout after 300ms", err, d)
+	}
+	if fk.requests.Load() != 0 {
+		t.Fatal("fetched a chunk another process holds the lock of")
+	}
+	// The other process's fetch lands: bytes, durable, then the mark.
+	other.WriteAt(l.blob[start:end], start)
+	other.Sync()
+	otherMap.WriteAt([]byte{1}, mapHeaderSize+2)
+	unlock()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := r.ReadAt(make([]byte, 100), start+10)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("read after the other process's chunk landed: %v", err)
+		}
+	}
+	checkRead(t, r, l.tar, start, int(end-start))
+	if st := s.Stats(); fk.requests.Load() != 0 || st.DiskHits == 0 {
+		t.Fatalf("%d requests, stats %+v: want the chunk from disk", fk.requests.Load(), st)
 	}
 }
