@@ -181,7 +181,9 @@ func (s *Store) fetchRun(l *layer, lo int64, calls []*call, keep bool) {
 		if err != nil {
 			// Another process holds the chunks too long (or locks fail):
 			// fetch them anyway, but leave the disk to that process.
-			s.logf("node cache %s: layer %s chunks %d-%d: %v: fetching them without the node cache", s.opts.Dir, l.name, lo, hi-1, err)
+			if ctx.Err() == nil {
+				s.logf("node cache %s: layer %s chunks %d-%d: %v: fetching them without the node cache", s.opts.Dir, l.name, lo, hi-1, err)
+			}
 			disk = false
 		} else {
 			defer unlock()
