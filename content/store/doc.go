@@ -18,16 +18,18 @@
 //     disk across restarts and shared by every Store (every shim process)
 //     using the same directory;
 //   - the registry: one Range request for the missing chunk and the
-//     missing chunks adjacent to it (up to Options.MaxFetch), retried
-//     with backoff. Reads of a chunk already being fetched wait for that
+//     missing chunks after it that the same read needs (up to
+//     Options.MaxFetch in all), retried with backoff. Reads of a chunk already being fetched wait for that
 //     fetch (in this process, and through file locks in others).
 //
 // Every chunk is verified against the index before any byte of it is
 // used or stored; a chunk that does not verify is a read error and a log
 // line, never data. A read waits at most Options.ReadTimeout; the fetch
-// it started goes on for the reads after it. No lock is held across
-// network I/O: waiting readers wait on the fetch's completion, with their
-// own deadline.
+// it started goes on for the reads after it. No mutex is held across
+// network I/O: readers wait on the fetch's completion, each with its own
+// deadline. The one lock a fetch holds is its chunks' byte-range lock in
+// the data file, which other processes poll rather than block on, so it
+// cannot stretch their reads either.
 //
 // # On-disk format
 //
@@ -71,7 +73,7 @@
 //
 // Fill fetches the rest of every layer onto the node disk at a bounded
 // rate (a token bucket). StartTrace and StopTrace record the chunks a pod
-// reads in its first seconds, in order; the Trace's binary form is what
-// is stored as a referring artifact, and Prefetch replays it at the next
+// reads in its first seconds, in order; the Trace's binary form is meant
+// to be stored as an artifact referring to the image, and Prefetch replays it at the next
 // start of the image on any node.
 package store
