@@ -74,6 +74,6 @@
 // Fill fetches the rest of every layer onto the node disk at a bounded
 // rate (a token bucket). StartTrace and StopTrace record the chunks a pod
 // reads in its first seconds, in order; the Trace's binary form is meant
-// to be stored as an artifact referring to the image, and Prefetch replays it at the next
-// start of the image on any node.
+// to be stored as an artifact referring to the image, and Prefetch
+// replays it at the next start of the image on any node.
 package store
