@@ -10,10 +10,15 @@ import (
 
 // ClientFromConfig makes a registry client as the node's containerd
 // reaches registries: hosts from the [kata_fsx.registry] config_path
-// directory, credentials from the docker config.json docker login writes
-// ($DOCKER_CONFIG/config.json, else ~/.docker/config.json).
+// directory, credentials from auth_file, else the docker config.json
+// docker login writes ($DOCKER_CONFIG/config.json, else
+// ~/.docker/config.json).
 func ClientFromConfig(cfg config.Registry) *registry.Client {
-	return registry.New(registry.Options{ConfigPath: cfg.ConfigPath, Credentials: registry.DockerConfigCredentials(dockerConfigFile())})
+	auth := cfg.AuthFile
+	if auth == "" {
+		auth = dockerConfigFile()
+	}
+	return registry.New(registry.Options{ConfigPath: cfg.ConfigPath, Credentials: registry.DockerConfigCredentials(auth), UserAgent: "kata-fsx"})
 }
 
 func dockerConfigFile() string {

@@ -61,15 +61,6 @@ type Root struct {
 	pushOnce  sync.Once
 }
 
-// NewClient returns a registry client for the [kata_fsx.registry] table.
-func NewClient(r config.Registry) *registry.Client {
-	o := registry.Options{ConfigPath: r.ConfigPath, UserAgent: "kata-fsx"}
-	if r.AuthFile != "" {
-		o.Credentials = registry.DockerConfigCredentials(r.AuthFile)
-	}
-	return registry.New(o)
-}
-
 // Open resolves spec (registry:REF) and readies its store.
 func Open(ctx context.Context, spec string, o Options) (_ *Root, err error) {
 	refStr, ok := strings.CutPrefix(spec, Prefix)
@@ -88,7 +79,7 @@ func Open(ctx context.Context, spec string, o Options) (_ *Root, err error) {
 		logf = func(string, ...any) {}
 	}
 	o.Logf = logf
-	r := &Root{opts: o, img: lazyimage.Options{Client: NewClient(o.Registry), MaxEntries: o.MaxEntries,
+	r := &Root{opts: o, img: lazyimage.Options{Client: lazyimage.ClientFromConfig(o.Registry), MaxEntries: o.MaxEntries,
 		CacheDir: filepath.Join(o.StateDir, "indexes"), Logf: logf}}
 	if r.Image, err = lazyimage.Resolve(ctx, r.img, ref); err != nil {
 		return nil, fmt.Errorf("source %s: %w", spec, err)
