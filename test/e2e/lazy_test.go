@@ -259,8 +259,8 @@ func TestLazyRegistryFaults(t *testing.T) {
 		if !strings.Contains(r.stdout, "rc=1\n") || !strings.Contains(r.stdout, "rc2=0\n") {
 			t.Fatalf("want the read to fail while the registry is down (rc=1) and succeed after (rc2=0):\n%s\nstderr:\n%s", r.stdout, r.stderr)
 		}
-		if !strings.Contains(r.stdout, "I/O error") {
-			t.Errorf("the guest's failed read is not an I/O error:\n%s", r.stdout)
+		if !strings.Contains(r.stderr, "Input/output error") {
+			t.Errorf("the guest's failed read is not an I/O error:\n%s", r.stderr)
 		}
 		if img.checkMD5s(t, r.stdout) != 1 {
 			t.Errorf("want exactly one md5sum line (the read after the registry returned):\n%s", r.stdout)
@@ -292,8 +292,8 @@ func TestLazyRegistryFaults(t *testing.T) {
 		if !strings.Contains(r.stdout, "failed /data/big1") {
 			t.Errorf("reading the altered file did not fail:\n%s", r.stdout)
 		}
-		if !strings.Contains(r.stderr, "digest mismatch") {
-			t.Errorf("no log line names the digest mismatch:\n%s", r.stderr)
+		if !strings.Contains(r.stderr, "does not match the index: refused") || !strings.Contains(r.stderr, "Input/output error") {
+			t.Errorf("no log line names the refused chunk, or the guest saw no I/O error:\n%s", r.stderr)
 		}
 	})
 }
