@@ -23,7 +23,7 @@ const usage = `usage: kata-fsx COMMAND [options]
 Commands:
   env      print the effective configuration and host facts (like kata-runtime env)
   check    check this host can run kata-fsx pods; non-zero exit on any failure
-  image    build, inspect and export imagefs-blk images (see kata-fsx image help)
+  image    build, inspect, export and serve imagefs-blk images; index registry images (see kata-fsx image help)
   run      boot a one-off pod VM and run a command in it (see kata-fsx run -h)
   exec     run a command in a pod left running by run --keep
   bench    compare the filesystem backends side by side (see kata-fsx bench -h)
