@@ -38,19 +38,6 @@ type testImage struct {
 	manifest  []byte
 }
 
-func writeBlob(t *testing.T, dir string, data []byte) digest.Digest {
-	t.Helper()
-	d := digest.FromBytes(data)
-	p := filepath.Join(dir, "blobs", "sha256", d.Encoded())
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
 func buildImage(t *testing.T) *testImage {
 	t.Helper()
 	rng := mrand.New(mrand.NewPCG(1, 2))
@@ -72,16 +59,16 @@ func buildImage(t *testing.T) *testImage {
 	zw.Write(tb.Bytes())
 	zw.Close()
 	img := &testImage{dir: t.TempDir(), layer: gz.Bytes()}
-	img.layerDesc = ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayerGzip, Digest: writeBlob(t, img.dir, img.layer), Size: int64(len(img.layer))}
+	img.layerDesc = ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayerGzip, Digest: registrytest.WriteBlob(t, img.dir, img.layer), Size: int64(len(img.layer))}
 	cfg := ocispec.Image{Platform: ocispec.Platform{OS: "linux", Architecture: "amd64"},
 		RootFS: ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{digest.FromBytes(tb.Bytes())}}}
 	img.config, _ = json.Marshal(cfg)
 	m := ocispec.Manifest{MediaType: ocispec.MediaTypeImageManifest,
-		Config: ocispec.Descriptor{MediaType: ocispec.MediaTypeImageConfig, Digest: writeBlob(t, img.dir, img.config), Size: int64(len(img.config))},
+		Config: ocispec.Descriptor{MediaType: ocispec.MediaTypeImageConfig, Digest: registrytest.WriteBlob(t, img.dir, img.config), Size: int64(len(img.config))},
 		Layers: []ocispec.Descriptor{img.layerDesc}}
 	m.SchemaVersion = 2
 	img.manifest, _ = json.Marshal(m)
-	md := writeBlob(t, img.dir, img.manifest)
+	md := registrytest.WriteBlob(t, img.dir, img.manifest)
 	idx := ocispec.Index{MediaType: ocispec.MediaTypeImageIndex, Manifests: []ocispec.Descriptor{{MediaType: ocispec.MediaTypeImageManifest, Digest: md, Size: int64(len(img.manifest)),
 		Annotations: map[string]string{ocispec.AnnotationRefName: "v1"}}}}
 	idx.SchemaVersion = 2

@@ -3,7 +3,6 @@ package store
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,7 +19,6 @@ import (
 	"github.com/kata-fsx/kata-fsx/content/registry"
 	"github.com/kata-fsx/kata-fsx/test/registrytest"
 	"github.com/opencontainers/go-digest"
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 // regFetcher reads one layer blob from a registry by Range requests,
@@ -41,45 +39,6 @@ func (f *regFetcher) FetchRange(ctx context.Context, p []byte, off int64) error 
 	return f.c.FetchRange(ctx, f.ref, f.d, p, off)
 }
 
-func writeOCIBlob(t *testing.T, dir string, data []byte) digest.Digest {
-	t.Helper()
-	d := digest.FromBytes(data)
-	p := filepath.Join(dir, "blobs", "sha256", d.Encoded())
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
-// ociImage writes an OCI layout (tag v1) with one gzip layer of tb.
-func ociImage(t *testing.T, tb []byte) string {
-	t.Helper()
-	dir := t.TempDir()
-	gz := gzipBytes(t, tb, 6)
-	layer := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayerGzip, Digest: writeOCIBlob(t, dir, gz), Size: int64(len(gz))}
-	cfg, _ := json.Marshal(ocispec.Image{Platform: ocispec.Platform{OS: "linux", Architecture: "amd64"},
-		RootFS: ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{digest.FromBytes(tb)}}})
-	m := ocispec.Manifest{MediaType: ocispec.MediaTypeImageManifest,
-		Config: ocispec.Descriptor{MediaType: ocispec.MediaTypeImageConfig, Digest: writeOCIBlob(t, dir, cfg), Size: int64(len(cfg))},
-		Layers: []ocispec.Descriptor{layer}}
-	m.SchemaVersion = 2
-	mb, _ := json.Marshal(m)
-	idx := ocispec.Index{MediaType: ocispec.MediaTypeImageIndex, Manifests: []ocispec.Descriptor{{MediaType: ocispec.MediaTypeImageManifest,
-		Digest: writeOCIBlob(t, dir, mb), Size: int64(len(mb)), Annotations: map[string]string{ocispec.AnnotationRefName: "v1"}}}}
-	idx.SchemaVersion = 2
-	ib, _ := json.Marshal(idx)
-	if err := os.WriteFile(filepath.Join(dir, "index.json"), ib, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "oci-layout"), []byte(`{"imageLayoutVersion":"1.0.0"}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
 // TestRegistry serves a gzip image pushed to a real registry (Debian's
 // docker-registry, pushed with skopeo) lazily: one file costs a small
 // part of the blob, two processes on one node fetch each chunk once, a
@@ -89,7 +48,9 @@ func TestRegistry(t *testing.T) {
 	reg := registrytest.Start(t, registrytest.Options{})
 	rng := rand.New(rand.NewPCG(20, 20))
 	tb, files := randomTar(t, rng, 48, 512*kib)
-	reg.Push(t, ociImage(t, tb), "v1", "kata/lazy:v1")
+	oci := t.TempDir()
+	registrytest.WriteOCI(t, oci, "v1", tb)
+	reg.Push(t, oci, "v1", "kata/lazy:v1")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -9,7 +9,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/kata-fsx/kata-fsx/test/registrytest"
 	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
@@ -317,7 +317,7 @@ type archiveImage struct {
 // writeDockerArchive writes a docker-archive (the `docker save` format
 // that `ctr images import` reads) whose images share one layer: root.
 func writeDockerArchive(path, root string, images []archiveImage) error {
-	layer, err := tarTree(root)
+	layer, err := registrytest.Tar(root)
 	if err != nil {
 		return fmt.Errorf("layer of %s: %w", root, err)
 	}
@@ -360,59 +360,6 @@ func writeDockerArchive(path, root string, images []archiveImage) error {
 		return fmt.Errorf("archive: %w", err)
 	}
 	return os.WriteFile(path, out.Bytes(), 0o600)
-}
-
-// tarTree tars the tree under root with root-owned entries.
-func tarTree(root string) ([]byte, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == root {
-			return err
-		}
-		rel, err := filepath.Rel(root, p)
-		if err != nil {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		link := ""
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		h, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
-		}
-		h.Name = rel
-		if fi.IsDir() {
-			h.Name += "/"
-		}
-		h.Uname, h.Gname, h.Uid, h.Gid = "", "", 0, 0
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if fi.Mode().IsRegular() {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			_, err = tw.Write(b)
-			return err
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
 }
 
 // criLogLine is one line of the CRI container log format:

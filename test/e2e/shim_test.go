@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kata-fsx/kata-fsx/test/registrytest"
 	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
@@ -207,7 +208,7 @@ func (ce *containerdEnv) ctrIn(ctx context.Context, stdin io.Reader, args ...str
 // imports it, so no registry is needed.
 func (ce *containerdEnv) importBusybox(t *testing.T) string {
 	const name = "kata-fsx.test/busybox:latest"
-	layer, err := tarTree(busyboxRootfs(t))
+	layer, err := registrytest.Tar(busyboxRootfs(t))
 	if err != nil {
 		t.Fatalf("image layer: %v", err)
 	}

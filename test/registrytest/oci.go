@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -18,6 +19,15 @@ import (
 // files, directories and symlinks, owned by root).
 func TarDir(t testing.TB, root string) []byte {
 	t.Helper()
+	b, err := Tar(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Tar is TarDir for callers without a testing.TB.
+func Tar(root string) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
@@ -60,26 +70,30 @@ func TarDir(t testing.TB, root string) []byte {
 		err = tw.Close()
 	}
 	if err != nil {
-		t.Fatalf("tar %s: %v", root, err)
+		return nil, fmt.Errorf("tar %s: %w", root, err)
 	}
-	return buf.Bytes()
+	return buf.Bytes(), nil
+}
+
+// WriteBlob stores data in the OCI layout dir's blobs and returns its digest.
+func WriteBlob(t testing.TB, dir string, data []byte) digest.Digest {
+	t.Helper()
+	d := digest.FromBytes(data)
+	p := filepath.Join(dir, "blobs", "sha256", d.Encoded())
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 // WriteOCI writes an OCI image layout in dir whose image, tagged tag, has
 // the given uncompressed layer tars (lowest first), gzip-compressed.
 func WriteOCI(t testing.TB, dir, tag string, layers ...[]byte) {
 	t.Helper()
-	blob := func(data []byte) digest.Digest {
-		d := digest.FromBytes(data)
-		p := filepath.Join(dir, "blobs", "sha256", d.Encoded())
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
+	blob := func(data []byte) digest.Digest { return WriteBlob(t, dir, data) }
 	cfg := ocispec.Image{Platform: ocispec.Platform{OS: "linux", Architecture: "amd64"}, RootFS: ocispec.RootFS{Type: "layers"}}
 	m := ocispec.Manifest{MediaType: ocispec.MediaTypeImageManifest}
 	m.SchemaVersion = 2

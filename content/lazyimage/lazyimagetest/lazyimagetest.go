@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/kata-fsx/kata-fsx/test/registrytest"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
@@ -63,18 +64,18 @@ func Write(t testing.TB, tag string, layers []Layer) *Image {
 		img.Blobs = append(img.Blobs, gz.Bytes())
 		img.Config.RootFS.DiffIDs = append(img.Config.RootFS.DiffIDs, digest.FromBytes(tb))
 		img.Manifest.Layers = append(img.Manifest.Layers, ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayerGzip,
-			Digest: writeBlob(t, img.Dir, gz.Bytes()), Size: int64(gz.Len())})
+			Digest: registrytest.WriteBlob(t, img.Dir, gz.Bytes()), Size: int64(gz.Len())})
 	}
 	cfg, err := json.Marshal(img.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	img.Manifest.Config = ocispec.Descriptor{MediaType: ocispec.MediaTypeImageConfig, Digest: writeBlob(t, img.Dir, cfg), Size: int64(len(cfg))}
+	img.Manifest.Config = ocispec.Descriptor{MediaType: ocispec.MediaTypeImageConfig, Digest: registrytest.WriteBlob(t, img.Dir, cfg), Size: int64(len(cfg))}
 	mb, err := json.Marshal(img.Manifest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	md := writeBlob(t, img.Dir, mb)
+	md := registrytest.WriteBlob(t, img.Dir, mb)
 	idx := ocispec.Index{MediaType: ocispec.MediaTypeImageIndex, Manifests: []ocispec.Descriptor{{MediaType: ocispec.MediaTypeImageManifest,
 		Digest: md, Size: int64(len(mb)), Annotations: map[string]string{ocispec.AnnotationRefName: tag}}}}
 	idx.SchemaVersion = 2
@@ -117,19 +118,6 @@ func tarOf(t testing.TB, l Layer) []byte {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
-}
-
-func writeBlob(t testing.TB, dir string, data []byte) digest.Digest {
-	t.Helper()
-	d := digest.FromBytes(data)
-	p := filepath.Join(dir, "blobs", "sha256", d.Encoded())
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return d
 }
 
 // Random returns n bytes that do not compress, from seed.
