@@ -92,6 +92,22 @@ func runImage(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 type usageError struct{ error }
 
+// parseInterleaved parses args with fs, allowing flags after positional
+// arguments, and returns the positional ones in order.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for rest := args; len(rest) > 0; rest = fs.Args()[1:] {
+		if err := fs.Parse(rest); err != nil {
+			return nil, usageError{err}
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+	}
+	return positional, nil
+}
+
 // parseSize reads sizes such as 512M, 2G, 1048576 (bytes).
 func parseSize(s string) (int64, error) {
 	s = strings.TrimSpace(s)
@@ -139,17 +155,9 @@ func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	maxMeta := fs.String("max-metadata", "", "metadata budget (default: kata_fsx.imagefs_blk.max_metadata_mb)")
 	maxMem := fs.String("max-build-memory", "", "build memory budget (default: kata_fsx.imagefs_blk.max_build_memory_mb)")
 	// Flags may follow the source, as in the usage line.
-	var positional []string
-	rest := args
-	for len(rest) > 0 {
-		if err := fs.Parse(rest); err != nil {
-			return usageError{err}
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		rest = fs.Args()[1:]
+	positional, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
 	}
 	if len(positional) != 1 || *out == "" {
 		return usageError{errors.New("want exactly one SOURCE and -o DIR")}

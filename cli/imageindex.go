@@ -24,17 +24,9 @@ func imageIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	push := fs.Bool("push", true, "push the indexes as an artifact referring to the image (false: build and check them only)")
 	force := fs.Bool("force", false, "build and push even when a usable index artifact is there")
 	quiet := fs.Bool("q", false, "no progress lines")
-	var positional []string
-	rest := args
-	for len(rest) > 0 {
-		if err := fs.Parse(rest); err != nil {
-			return usageError{err}
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		rest = fs.Args()[1:]
+	positional, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
 	}
 	if len(positional) != 1 {
 		return usageError{errors.New("want exactly one registry:HOST/REPO[:TAG] source")}
