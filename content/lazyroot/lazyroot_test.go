@@ -176,3 +176,36 @@ func TestOpenRefusals(t *testing.T) {
 		t.Errorf("no state dir: %v", err)
 	}
 }
+
+// TestBackgroundFill: with background_fill_mbps the rest of the image
+// arrives after Started, without any read.
+func TestBackgroundFill(t *testing.T) {
+	reg := registrytest.Start(t, registrytest.Options{})
+	spec, files := testImage(t, reg)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var logs logBuffer
+	o := testOptions(t, reg, t.TempDir(), &logs)
+	o.Registry.Prefetch = false
+	o.Registry.BackgroundFillMbps = 1000
+	r, err := Open(ctx, spec, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if got := r.Stats().FetchedBytes; got != 0 {
+		t.Fatalf("%d bytes fetched before Started", got)
+	}
+	r.Started()
+	deadline := time.Now().Add(time.Minute)
+	for r.Stats().FetchedBytes < r.CompressedSize() && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := r.Stats().FetchedBytes; got != r.CompressedSize() {
+		t.Fatalf("fill fetched %d of %d bytes:\n%s", got, r.CompressedSize(), logs.String())
+	}
+	reg.Stop() // everything is local now
+	if got := readFile(t, r, "d/big3"); !bytes.Equal(got, files["d/big3"]) {
+		t.Fatal("d/big3 differs after the fill")
+	}
+}
