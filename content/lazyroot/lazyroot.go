@@ -230,5 +230,8 @@ func (r *Root) Close() error {
 		// A container that ended inside the window still leaves its trace.
 		r.pushOnce.Do(r.pushTrace)
 	}
+	st := r.store.Stats()
+	r.opts.Logf("lazy image %s: fetched %d of %d bytes in %d range requests (%d memory hits, %d disk hits, %d read errors, %d chunks refused)",
+		r.Image.Ref, st.FetchedBytes, r.CompressedSize(), st.RangeRequests, st.MemoryHits, st.DiskHits, st.ReadErrors, st.VerifyFailures)
 	return r.store.Close()
 }
