@@ -238,6 +238,9 @@ func (b *bencher) runPod(ctx context.Context, r *row, img layoutImage, cfg, root
 	}
 	if len(errs) > 0 {
 		r.Error = strings.Join(errs, "; ")
+		if ctx.Err() != nil {
+			r.Error = "interrupted (" + context.Cause(ctx).Error() + "): " + r.Error
+		}
 		logf("coldbench: %s, %s, %s: %s", r.Image, r.Link, r.Mode, r.Error)
 		return
 	}
