@@ -37,7 +37,17 @@ type Registry struct {
 	// TraceSeconds is how long after the container starts its reads are
 	// recorded into a prefetch trace.
 	TraceSeconds int `toml:"trace_seconds"`
+	// LazyImageAnnotation lets a pod's AnnotationLazyImage name a registry
+	// image for its first container's rootfs (off: a pod author must not
+	// make the node reach any registry unless the operator agrees).
+	LazyImageAnnotation bool `toml:"lazy_image_annotation"`
 }
+
+// AnnotationLazyImage names a registry image (registry:HOST/REPO[:TAG|
+// @DIGEST]) that the shim serves lazily, on imagefs-blk, as the pod's
+// first container's rootfs in place of the rootfs containerd mounted,
+// until the kata-fsx snapshotter passes lazy layers itself.
+const AnnotationLazyImage = "io.kata-fsx.image.lazy"
 
 // Defaults of the [kata_fsx.registry] lazy store keys.
 const (
@@ -66,9 +76,9 @@ func validateRegistry(r *Registry, add func(*Error)) {
 			Fix: "name a docker-style config.json by its absolute path, or \"\" for anonymous access"})
 	}
 	for _, k := range []struct {
-		key      string
+		key       string
 		v, lo, hi int
-		fix      string
+		fix       string
 	}{
 		{"cache_memory_mb", r.CacheMemoryMB, 1, 1 << 20, fmt.Sprintf("use %d (the default) or more for large images", DefaultCacheMemoryMB)},
 		{"read_timeout", r.ReadTimeout, 1, 3600, fmt.Sprintf("use %d seconds (the default)", DefaultReadTimeout)},

@@ -670,6 +670,15 @@ func (s *Sandbox) RemoveContainer(ctx context.Context, cid string, timeout time.
 	return errors.Join(errs...)
 }
 
+// ContainerStarted tells the sandbox container cid's process runs: for
+// the container a lazy rootfs serves, that opens its prefetch trace window
+// and starts its background fill.
+func (s *Sandbox) ContainerStarted(cid string) {
+	if s.lazy != nil && cid == s.ID {
+		s.lazy.Started()
+	}
+}
+
 // Stop tears the sandbox down from any state: the guest (DestroySandbox,
 // then QEMU), the backend daemons, disks, mounts, sockets and the sandbox
 // directory. It returns every error of the teardown. A second call waits

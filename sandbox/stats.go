@@ -147,4 +147,21 @@ type RunStats struct {
 	AtEnd   []ProcessSample `json:"at_end"`
 	// AtFirstOutput samples them when the process's first output arrives.
 	AtFirstOutput []ProcessSample `json:"at_first_output,omitempty"`
+	// Lazy is set for a registry: rootfs read on demand.
+	Lazy *LazyStats `json:"lazy,omitempty"`
+}
+
+// LazyStats is what a lazy rootfs fetched from its registry.
+type LazyStats struct {
+	Image       string `json:"image"`
+	IndexSource string `json:"index_source"` // artifact, node cache, or built by streaming
+	// ImageBytes is the layers' compressed size: what a pull fetches.
+	ImageBytes int64 `json:"image_bytes"`
+	// FetchedAtFirstOutput and FetchedAtEnd are the layer bytes fetched
+	// from the registry by the first output and by the process's exit.
+	FetchedAtFirstOutput int64 `json:"fetched_at_first_output"`
+	FetchedAtEnd         int64 `json:"fetched_at_end"`
+	RangeRequests        int64 `json:"range_requests"`
+	VerifyFailures       int64 `json:"verify_failures"`
+	ReadErrors           int64 `json:"read_errors"`
 }

@@ -966,3 +966,74 @@ func TestMemTableSwapWhileRunning(t *testing.T) {
 		t.Fatalf("GET_VRING_BASE = %d after 4 requests", base)
 	}
 }
+
+// stallingReads is a device whose reads below stallBelow wait until
+// release is closed, as reads of a lazy image wait for a slow registry.
+type stallingReads struct {
+	BlockDevice
+	stallBelow int64
+	stalled    chan struct{} // one send per read that started waiting
+	release    chan struct{}
+}
+
+func (d *stallingReads) ReadAt(p []byte, off int64) (int, error) {
+	if off < d.stallBelow {
+		d.stalled <- struct{}{}
+		<-d.release
+	}
+	return d.BlockDevice.ReadAt(p, off)
+}
+
+// TestStalledReadsDoNotFillQueue: with more stalled reads in flight than
+// the worker once had slots (32), a read of other blocks still completes.
+func TestStalledReadsDoNotFillQueue(t *testing.T) {
+	const stalledReads = 48
+	env := newEnv(t, 1<<20, false, Options{})
+	dev := &stallingReads{BlockDevice: env.dev, stallBelow: 64 << 10, stalled: make(chan struct{}, stalledReads), release: make(chan struct{})}
+	sock := filepath.Join(t.TempDir(), "vu", "stall.sock")
+	srv, err := Serve(context.Background(), sock, dev, Options{Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			close(dev.release)
+		}
+		srv.Close()
+	})
+	env = &testEnv{srv: srv, dev: env.dev, base: env.base, sock: sock}
+	_, q := env.connect(t, 0) // 128 entries
+	q.Indirect = true         // one descriptor per request
+	var stalled []pendingReq
+	for i := 0; i < stalledReads; i++ {
+		stalled = append(stalled, q.prepare(blkTypeIn, uint64(i%16)*8, nil, 4096))
+	}
+	q.Kick()
+	for i := 0; i < stalledReads; i++ {
+		select {
+		case <-dev.stalled:
+		case <-time.After(feWait):
+			t.Fatalf("%d of %d stalled reads reached the device: the rest wait for a slot", i, stalledReads)
+		}
+	}
+	read := q.prepare(blkTypeIn, 512, nil, 4096) // byte 256 KiB: not stalled
+	q.Kick()
+	if id, _ := q.WaitUsed(); id != uint32(read.head) {
+		t.Fatalf("first completion is head %d, want the unstalled read (%d)", id, read.head)
+	}
+	if st, in := q.result(read); st != blkStatusOK || !bytes.Equal(in, env.base[512*512:512*512+4096]) {
+		t.Fatalf("unstalled read: status %d", st)
+	}
+	close(dev.release)
+	released = true
+	for range stalled {
+		q.WaitUsed()
+	}
+	for i, p := range stalled {
+		off := (i % 16) * 8 * 512
+		if st, in := q.result(p); st != blkStatusOK || !bytes.Equal(in, env.base[off:off+4096]) {
+			t.Fatalf("stalled read %d: status %d", i, st)
+		}
+	}
+}

@@ -29,10 +29,10 @@ type worker struct {
 
 	// Owner only: request slots (their chains keep their buffers' backing
 	// arrays from request to request), the free ones, and how many run.
-	slots     [maxInflight]slot
+	slots     []slot
 	free      []int
 	inflight  int
-	executors int            // executor goroutines started, at most maxInflight
+	executors int            // executor goroutines started, at most one per slot
 	execWG    sync.WaitGroup // the executors, which end when reqs closes
 	pushed    bool           // used entries published since the last notification check
 }
@@ -42,17 +42,25 @@ type slot struct {
 	used  uint32
 }
 
-// maxInflight bounds how many requests of one queue run at the same time:
-// the driver keeps several in flight (fio's iodepth, readahead) and the
-// device may complete them in any order.
-const maxInflight = 32
+// inflightLimit is how many requests of a queue of size descriptors may
+// run at the same time: every request the driver can post (each takes at
+// least one descriptor), so a request that waits long (a lazy image's
+// read from a slow registry, until its deadline) never keeps another from
+// starting; the driver's own queue is the bound, up to maxInflight so
+// that a hostile driver's 32768-entry queue cannot make the device start
+// 32768 goroutines. Executors are started as requests arrive, not up front.
+func inflightLimit(size uint16) int { return min(max(int(size), 1), maxInflight) }
+
+// maxInflight is twice the largest queue_size Kata configures (128 by default).
+const maxInflight = 256
 
 // runWorker runs queue q until the core stops it, then returns once no
 // request is in flight and every finished one is published.
 func runWorker(h *blkHandler, q *vu.Queue) {
-	w := &worker{q: q, vq: q.VQ(), h: h, doneCh: make(chan int, maxInflight), reqs: make(chan int, maxInflight),
-		free: make([]int, 0, maxInflight)}
-	for i := maxInflight - 1; i >= 0; i-- {
+	n := inflightLimit(q.VQ().Size())
+	w := &worker{q: q, vq: q.VQ(), h: h, doneCh: make(chan int, n), reqs: make(chan int, n),
+		slots: make([]slot, n), free: make([]int, 0, n)}
+	for i := n - 1; i >= 0; i-- {
 		w.free = append(w.free, i)
 	}
 	w.run()
