@@ -40,6 +40,10 @@ type layoutImage struct {
 	Ref         string  `json:"ref,omitempty"`
 	PushSeconds float64 `json:"push_seconds,omitempty"`
 	ReadFile    string  `json:"read_file,omitempty"`
+	// IndexSeconds is `kata-fsx image index` building and pushing the
+	// lazy-read index artifact; IndexNote says why there is none.
+	IndexSeconds float64 `json:"index_seconds,omitempty"`
+	IndexNote    string  `json:"index_note,omitempty"`
 }
 
 type blobRef struct {

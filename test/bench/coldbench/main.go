@@ -167,6 +167,12 @@ func benchmain(ctx context.Context, o options) error {
 	b.lazy = lazySupported(o.bin)
 	if b.lazy != "" {
 		logf("coldbench: lazy rows not run: %s", b.lazy)
+	} else {
+		for i := range rep.Images {
+			if err := b.index(ctx, &rep.Images[i]); err != nil {
+				return err
+			}
+		}
 	}
 	defer func() {
 		// Whatever ran is written, even after a failure or Ctrl-C: a
@@ -223,6 +229,31 @@ func lazySupported(bin string) string {
 		return "this kata-fsx's `run --rootfs` has no registry: source"
 	}
 	return ""
+}
+
+// index pushes the image's lazy-read index artifact with `kata-fsx image
+// index`, once, unshaped: without one every node would stream each layer
+// whole to build its own, which is not what the lazy rows measure. A
+// kata-fsx without the command leaves a note and no artifact.
+func (b *bencher) index(ctx context.Context, img *layoutImage) error {
+	out, _ := exec.Command(b.o.bin, "image").CombinedOutput()
+	if !strings.Contains(string(out), "index registry:") {
+		img.IndexNote = "no `kata-fsx image index` in this build: nodes index each layer by streaming it whole"
+		logf("coldbench: %s: %s", img.Tag, img.IndexNote)
+		return nil
+	}
+	dir, cfg, err := b.newNode("index", false)
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	logf("coldbench: %s: kata-fsx image index (unshaped)", img.Tag)
+	t0 := time.Now()
+	if err := run(ctx, b.o.bin, "image", "index", "-q", "registry:"+img.Ref, "--config", cfg); err != nil {
+		return fmt.Errorf("indexing %s: %w", img.Ref, err)
+	}
+	img.IndexSeconds = time.Since(t0).Seconds()
+	return nil
 }
 
 func fixture(script, cache string) (string, error) {

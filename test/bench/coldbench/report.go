@@ -76,6 +76,17 @@ func (rep *report) targets() []target {
 		if pre != nil {
 			t.Detail += fmt.Sprintf("; with prefetch %.1f s = %.2fx", pre.FirstOutputSeconds, pull.FirstOutputSeconds/pre.FirstOutputSeconds)
 		}
+		// The TCG boot is in both times and caps the ratio; the fully
+		// local start (boot, no wait for the image) taken from both shows
+		// the wait for the image alone. Derived, not the target's measure.
+		if local := rep.find(tagLarge, link, modeLocal); local != nil {
+			pw, lw := pull.FirstOutputSeconds-local.FirstOutputSeconds, lazy.FirstOutputSeconds-local.FirstOutputSeconds
+			if lw > 0 {
+				t.Detail += fmt.Sprintf("; with the fully local start (%.1f s, mostly the TCG boot) taken from both: %.1f s / %.1f s = %.1fx", local.FirstOutputSeconds, pw, lw, pw/lw)
+			} else {
+				t.Detail += fmt.Sprintf("; with the fully local start (%.1f s, mostly the TCG boot) taken from both: %.1f s against none (lazy was no slower than local)", local.FirstOutputSeconds, pw)
+			}
+		}
 	}
 	out = append(out, t)
 	t = target{Goal: "under 5% of the 1 GiB image's compressed bytes fetched before the first output (lazy, cold node, 1 Gbit/s)"}
@@ -125,9 +136,16 @@ func (rep *report) markdown() string {
 	fmt.Fprintf(&b, "Host: %s CPUs (load average %s at the start, %s at the end: the machine is shared), kernel %s; %s; %s; %s. "+
 		"Registry %s in the benchmark's network namespace, reached over veth %s; every VM boots under QEMU TCG (no KVM), so every row includes a 5-20 s guest boot.\n\n",
 		h["cpus"], rep.LoadStart, rep.LoadEnd, h["kernel"], h["qemu"], h["skopeo"], h["registry"], rep.Registry, rep.Veth)
-	b.WriteString("| image | layers | compressed | uncompressed | push (unshaped) | file read after the first output |\n|---|---:|---:|---:|---:|---|\n")
+	b.WriteString("| image | layers | compressed | uncompressed | push (unshaped) | lazy-read index artifact (unshaped) | file read after the first output |\n|---|---:|---:|---:|---:|---|---|\n")
 	for _, i := range rep.Images {
-		fmt.Fprintf(&b, "| %s | %d | %.1f MiB | %.1f MiB | %.1f s | `%s` |\n", i.Tag, i.Layers, mib(i.CompressedBytes), mib(i.UncompressedBytes), i.PushSeconds, i.ReadFile)
+		idx := "—"
+		switch {
+		case i.IndexNote != "":
+			idx = i.IndexNote
+		case i.IndexSeconds > 0:
+			idx = fmt.Sprintf("`kata-fsx image index`, %.1f s", i.IndexSeconds)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %.1f MiB | %.1f MiB | %.1f s | %s | `%s` |\n", i.Tag, i.Layers, mib(i.CompressedBytes), mib(i.UncompressedBytes), i.PushSeconds, idx, i.ReadFile)
 	}
 	b.WriteString("\nOne run per row. First output and later read are counted from the row's start (the pull's start for pull-and-unpack); " +
 		"fetched = bytes the registry sent over the veth (host end's rx_bytes, TCP/IP headers included) from the row's start to the first output, and to the pod's end.\n\n")
