@@ -58,8 +58,12 @@ type row struct {
 	// FractionAtFirstOutput is RxAtFirstOutput over the image's
 	// compressed size.
 	FractionAtFirstOutput float64 `json:"fraction_at_first_output"`
-	Skipped               string  `json:"skipped,omitempty"`
-	Error                 string  `json:"error,omitempty"`
+	// RunLazy is kata-fsx's own account of a lazy rootfs's fetches
+	// (the stats file's "lazy" object, kept as written), a cross-check
+	// of the veth's count that excludes HTTP and TCP overhead.
+	RunLazy json.RawMessage `json:"run_lazy,omitempty"`
+	Skipped string          `json:"skipped,omitempty"`
+	Error   string          `json:"error,omitempty"`
 }
 
 // newNode makes a fresh node: its own imagefs-blk state (index, blob and
@@ -225,14 +229,18 @@ func (b *bencher) runPod(ctx context.Context, r *row, img layoutImage, cfg, root
 	}
 	if b, err := os.ReadFile(statsFile); err == nil {
 		var st struct {
-			Ready       float64 `json:"ready_seconds"`
-			Start       float64 `json:"start_seconds"`
-			FirstOutput float64 `json:"first_output_seconds"`
+			Ready       float64         `json:"ready_seconds"`
+			Start       float64         `json:"start_seconds"`
+			FirstOutput float64         `json:"first_output_seconds"`
+			Lazy        json.RawMessage `json:"lazy"`
 		}
 		if err := json.Unmarshal(b, &st); err != nil {
 			errs = append(errs, fmt.Sprintf("stats file: %v", err))
 		}
 		r.RunReadySeconds, r.RunStartSeconds, r.RunFirstOutputSeconds = st.Ready, st.Start, st.FirstOutput
+		if len(st.Lazy) > 0 && string(st.Lazy) != "null" {
+			r.RunLazy = st.Lazy
+		}
 	} else if werr == nil {
 		errs = append(errs, fmt.Sprintf("stats file: %v", err))
 	}

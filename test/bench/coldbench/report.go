@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -149,15 +150,15 @@ func (rep *report) markdown() string {
 	}
 	b.WriteString("\nOne run per row. First output and later read are counted from the row's start (the pull's start for pull-and-unpack); " +
 		"fetched = bytes the registry sent over the veth (host end's rx_bytes, TCP/IP headers included) from the row's start to the first output, and to the pod's end.\n\n")
-	b.WriteString("| image | link | mode | first output | vs pull-and-unpack | later read done | pull | VM ready (run's own clock) | fetched before first output | of the image | fetched in all |\n" +
-		"|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| image | link | mode | first output | vs pull-and-unpack | later read done | pull | VM ready (run's own clock) | fetched before first output | of the image | fetched in all | kata-fsx's own count: layer bytes before first output, Range requests, index from |\n" +
+		"|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, r := range rep.Rows {
 		if r.Skipped != "" || r.Error != "" {
 			why := r.Skipped
 			if why == "" {
 				why = "failed: " + oneLine(r.Error)
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | — | — | — | — | — | — | — | not run: %s |\n", r.Image, r.Link, r.Mode, why)
+			fmt.Fprintf(&b, "| %s | %s | %s | — | — | — | — | — | — | — | — | not run: %s |\n", r.Image, r.Link, r.Mode, why)
 			continue
 		}
 		vs := "1x"
@@ -172,9 +173,18 @@ func (rep *report) markdown() string {
 		if r.PullSeconds > 0 {
 			pull = fmt.Sprintf("%.1f s", r.PullSeconds)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %.1f s | %s | %.1f s | %s | %.1f s | %.1f MiB | %.2f%% | %.1f MiB |\n",
+		own := "—"
+		var ls struct {
+			IndexSource          string `json:"index_source"`
+			FetchedAtFirstOutput int64  `json:"fetched_at_first_output"`
+			RangeRequests        int64  `json:"range_requests"`
+		}
+		if len(r.RunLazy) > 0 && json.Unmarshal(r.RunLazy, &ls) == nil {
+			own = fmt.Sprintf("%.1f MiB, %d, %s", mib(ls.FetchedAtFirstOutput), ls.RangeRequests, ls.IndexSource)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %.1f s | %s | %.1f s | %s | %.1f s | %.1f MiB | %.2f%% | %.1f MiB | %s |\n",
 			r.Image, r.Link, r.Mode, r.FirstOutputSeconds, vs, r.ReadDoneSeconds, pull, r.RunReadySeconds,
-			mib(int64(r.RxAtFirstOutput)), 100*r.FractionAtFirstOutput, mib(int64(r.RxTotal)))
+			mib(int64(r.RxAtFirstOutput)), 100*r.FractionAtFirstOutput, mib(int64(r.RxTotal)), own)
 	}
 	b.WriteString("\nTargets (issue 17):\n\n")
 	for _, t := range rep.Targets {
