@@ -150,7 +150,7 @@ func benchmain(ctx context.Context, o options) error {
 		return err
 	}
 	b := &bencher{o: o, work: work, link: lk, reg: reg, hosts: hosts, baseConfig: string(base), sizes: sizes, layout: layout}
-	rep := &report{Date: began.UTC().Format(time.RFC3339), Command: "go run ./test/bench/coldbench " + strings.Join(os.Args[1:], " "),
+	rep := &report{Date: began.UTC().Format(time.RFC3339), Command: strings.TrimSpace("go run ./test/bench/coldbench " + strings.Join(os.Args[1:], " ")),
 		Host: hostInfo(o.bin), LoadStart: loadAvg(), Registry: reg.Addr, Veth: lk.HostDev}
 	for _, t := range o.images {
 		img := sizes[t]
