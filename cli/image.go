@@ -19,19 +19,24 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk"
 	"github.com/kata-fsx/kata-fsx/blk/blockmap"
 	"github.com/kata-fsx/kata-fsx/blk/ext4"
+	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 	"github.com/kata-fsx/kata-fsx/blk/overlay"
 	"github.com/kata-fsx/kata-fsx/blk/rawimage"
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/content/lazyroot"
 )
 
 const imageUsage = `usage: kata-fsx image COMMAND
 
   build SOURCE -o DIR [--writable-size SIZE] [--journal=false] [--journal-size SIZE] [--cache DIR]
         SOURCE: dir:PATH | layers:L1:L2:... (lowest first) | oci:PATH[:TAG] | oci-archive:PATH[:TAG]
+                | registry:HOST/REPO[:TAG|@DIGEST] (file data stays in the registry; serve reads it on demand)
   inspect DIR [--json]
   export DIR --raw OUT [--overlay FILE]
   serve DIR --socket PATH [--overlay FILE] [--read-only] [--queues N]
+  index registry:HOST/REPO[:TAG] [--config F] [--push=true] [--force] [-q]
+        build each layer's lazy-read index and push them as an artifact referring to the image
 `
 
 // buildInfoFile records how an image directory was built.
@@ -39,7 +44,10 @@ const buildInfoFile = "build.json"
 
 // BuildInfo is what `image build` records beside the image for `inspect`.
 type BuildInfo struct {
-	Source       string    `json:"source"`
+	Source string `json:"source"`
+	// Resolved pins a registry: source to the manifest digest the image
+	// was built from, so that serving it reads exactly those layers.
+	Resolved     string    `json:"resolved,omitempty"`
 	Started      time.Time `json:"started"`
 	IndexSeconds float64   `json:"index_seconds"`
 	BuildSeconds float64   `json:"synthesis_seconds"`
@@ -61,6 +69,8 @@ func runImage(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		err = imageExport(ctx, args[1:], stdout, stderr)
 	case "serve":
 		err = imageServe(ctx, args[1:], stdout, stderr)
+	case "index":
+		err = imageIndex(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, imageUsage)
 		return 0
@@ -174,8 +184,21 @@ func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	info := BuildInfo{Source: positional[0], Started: time.Now().UTC()}
 	progress.Describe("indexing " + positional[0])
 	t0 := time.Now()
-	idx, err := blk.IndexSource(ctx, positional[0], *cache, budgets)
-	if err != nil {
+	var idx *index.Index
+	if lazyroot.IsSource(positional[0]) {
+		// Only the tree is needed: the metadata holds no file data.
+		lazy, err := openLazy(ctx, positional[0], budgets.MaxEntries, false, func(format string, args ...any) {
+			progress.Describe(fmt.Sprintf(format, args...))
+		})
+		if err != nil {
+			return err
+		}
+		defer lazy.Close()
+		idx = lazy.Tree
+		pinned := lazy.Image.Ref
+		pinned.Tag, pinned.Digest = "", lazy.Image.ManifestDesc.Digest
+		info.Resolved = lazyroot.Prefix + pinned.String()
+	} else if idx, err = blk.IndexSource(ctx, positional[0], *cache, budgets); err != nil {
 		return err
 	}
 	info.IndexSeconds = time.Since(t0).Seconds()
@@ -214,6 +237,41 @@ func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	fmt.Fprintf(stdout, "built %s: %d entries, %s of metadata, %s of data left in place, %s disk (indexed in %.2fs, synthesized in %.2fs)\n",
 		*out, len(idx.Entries), human(mf.MetaBytes), human(mf.DataBytes), human(mf.SizeBytes), info.IndexSeconds, info.BuildSeconds)
 	return nil
+}
+
+// imageOpener returns what reads a built image's file data: for an image
+// built from a registry: source the node's lazy store (its build.json
+// pins the manifest), else this host's files and blob cache.
+func imageOpener(ctx context.Context, dir, cache string, prefetch bool, stderr io.Writer, cmd string) (index.Opener, func(), error) {
+	var info BuildInfo
+	if b, err := os.ReadFile(filepath.Join(dir, buildInfoFile)); err == nil {
+		if err := json.Unmarshal(b, &info); err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", filepath.Join(dir, buildInfoFile), err)
+		}
+	}
+	if !lazyroot.IsSource(info.Resolved) {
+		return &hostfs.Opener{CacheDir: cache}, func() {}, nil
+	}
+	lazy, err := openLazy(ctx, info.Resolved, 0, prefetch, func(format string, args ...any) {
+		fmt.Fprintf(stderr, "kata-fsx image "+cmd+": "+format+"\n", args...)
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("image %s was built from %s: %w", dir, info.Resolved, err)
+	}
+	lazy.Started()
+	return lazy.Opener(), func() { lazy.Close() }, nil
+}
+
+// openLazy opens a registry: image with the configuration's registry
+// table and the imagefs-blk state directory's node store.
+func openLazy(ctx context.Context, spec string, maxEntries int, prefetch bool, logf func(string, ...any)) (*lazyroot.Root, error) {
+	c := config.Default()
+	if lc, err := config.Load("", config.DevPath()); err == nil {
+		c = lc
+	}
+	reg := c.KataFSX.Registry
+	reg.Prefetch = reg.Prefetch && prefetch
+	return lazyroot.Open(ctx, spec, lazyroot.Options{Registry: reg, StateDir: c.KataFSX.ImagefsBlk.StateDir, MaxEntries: maxEntries, Logf: logf})
 }
 
 // buildBudgets returns the metadata and build memory budgets: the flags
@@ -398,6 +456,11 @@ func imageExport(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	defer img.Close()
+	opener, closeOpener, err := imageOpener(ctx, dir, *cache, false, stderr, "export")
+	if err != nil {
+		return err
+	}
+	defer closeOpener()
 	f, err := os.OpenFile(*raw, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return err
@@ -405,9 +468,9 @@ func imageExport(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	p := newProgress(stderr, false)
 	p.Describe(fmt.Sprintf("exporting %s of filesystem to %s", human(img.Manifest.SizeBytes), *raw))
 	if *ovl != "" {
-		err = exportWithOverlay(ctx, img, *ovl, *cache, f)
+		err = exportWithOverlay(ctx, img, *ovl, opener, f)
 	} else {
-		err = ext4.Export(ctx, img, &hostfs.Opener{CacheDir: *cache}, f)
+		err = ext4.Export(ctx, img, opener, f)
 	}
 	p.Finish()
 	if cerr := f.Close(); err == nil {
@@ -423,11 +486,11 @@ func imageExport(ctx context.Context, args []string, stdout, stderr io.Writer) e
 
 // exportWithOverlay writes the disk as the guest sees it: the image with
 // the overlay's blocks on top. Blocks that read as zeros stay holes.
-func exportWithOverlay(ctx context.Context, img *ext4.Image, overlayPath, cache string, out *os.File) error {
+func exportWithOverlay(ctx context.Context, img *ext4.Image, overlayPath string, opener index.Opener, out *os.File) error {
 	if _, err := os.Stat(overlayPath); err != nil {
 		return fmt.Errorf("overlay: %w", err)
 	}
-	base := rawimage.New(img, &hostfs.Opener{CacheDir: cache})
+	base := rawimage.New(img, opener)
 	defer base.Close()
 	dev, err := overlay.Open(base, base.Size(), overlayPath, overlay.Options{BlockSize: int(img.Manifest.BlockSize), ReadOnly: true})
 	if err != nil {
@@ -486,7 +549,13 @@ func imageServe(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *cache == "" {
 		*cache = defaultCacheDir()
 	}
-	d, err := blk.Serve(ctx, dir, *ovl, *sock, blk.Options{CacheDir: *cache, NumQueues: *queues, ReadOnly: *ro})
+	opener, closeOpener, err := imageOpener(ctx, dir, *cache, true, stderr, "serve")
+	if err != nil {
+		return err
+	}
+	defer closeOpener()
+	opts := blk.Options{CacheDir: *cache, NumQueues: *queues, ReadOnly: *ro, Opener: opener}
+	d, err := blk.Serve(ctx, dir, *ovl, *sock, opts)
 	if err != nil {
 		return err
 	}

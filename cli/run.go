@@ -25,6 +25,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk"
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/content/lazyroot"
 	"github.com/kata-fsx/kata-fsx/sandbox"
 )
 
@@ -41,7 +42,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer, defaul
 	fs.SetOutput(stderr)
 	cfgPath := fs.String("config", "", "configuration file (default: the usual lookup)")
 	backend := fs.String("backend", "", "virtio-fs, virtio-9p, imagefs-blk, or virtio-blk (a raw image) (default: the configuration's policy)")
-	rootfs := fs.String("rootfs", "", "the container's root filesystem: a host directory, or for imagefs-blk dir:PATH, layers:L1:L2:..., oci:PATH[:TAG], oci-archive:PATH[:TAG], or for virtio-blk raw:FILE (an ext4 image)")
+	rootfs := fs.String("rootfs", "", "the container's root filesystem: a host directory, or for imagefs-blk dir:PATH, layers:L1:L2:..., oci:PATH[:TAG], oci-archive:PATH[:TAG], registry:HOST/REPO[:TAG|@DIGEST] (read lazily), or for virtio-blk raw:FILE (an ext4 image)")
 	keep := fs.Bool("keep", false, "leave the VM running after the command and print how to reach it")
 	id := fs.String("id", "", "sandbox id (default: run-<random>)")
 	statsFile := fs.String("stats-file", "", "write timings and the serving processes' I/O and memory counters to this JSON file")
@@ -76,6 +77,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer, defaul
 	var (
 		dir, rawFile string
 		idx          *index.Index
+		lazy         *lazyroot.Root
 		rspec        = config.Rootfs{Kind: config.RootfsDir}
 	)
 	rawPath, isRaw := strings.CutPrefix(*rootfs, "raw:")
@@ -90,6 +92,24 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer, defaul
 			return fail(fmt.Errorf("--rootfs %s: not a regular file", *rootfs))
 		}
 		rspec = config.Rootfs{Kind: config.RootfsOther, Why: "a raw image file"}
+	} else if lazyroot.IsSource(*rootfs) {
+		if *backend != config.SharedFSImagefsBlk {
+			return fail(fmt.Errorf("--rootfs %s: a registry image is read lazily by --backend imagefs-blk only", *rootfs))
+		}
+		b := c.KataFSX.ImagefsBlk
+		entries, _, _, _ := b.Budgets()
+		lazy, err = lazyroot.Open(ctx, *rootfs, lazyroot.Options{Registry: c.KataFSX.Registry, StateDir: b.StateDir, MaxEntries: entries,
+			Logf: func(format string, args ...any) { fmt.Fprintf(stderr, "kata-fsx run: "+format+"\n", args...) }})
+		if err != nil {
+			return fail(fmt.Errorf("--rootfs %s: %w", *rootfs, err))
+		}
+		defer func() {
+			if lazy != nil { // not handed to a sandbox: run failed before one
+				lazy.Close()
+			}
+		}()
+		idx = lazy.Tree
+		rspec = config.Rootfs{Kind: config.RootfsImage, ImageRef: *rootfs}
 	} else if kind, rest, ok := strings.Cut(*rootfs, ":"); ok && (kind == "dir" || kind == "layers" || kind == "oci" || kind == "oci-archive") {
 		if kind == "dir" {
 			dir = rest
@@ -129,11 +149,17 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer, defaul
 		rand.Read(b)
 		*id = "run-" + hex.EncodeToString(b)
 	}
-	code, err := runOne(ctx, runRequest{
+	req := runRequest{
 		pod: sandbox.Spec{ID: *id, Config: c, Annotations: annotations, Backend: *backend, Hostname: *id,
 			Rootfs: rspec, RootfsIndex: idx, RootfsBlockFile: rawFile},
 		rootfs: dir, args: cmd, keep: *keep, statsFile: *statsFile, began: began,
-	}, stdout, stderr)
+	}
+	if lazy != nil {
+		// The sandbox owns it from here: it closes it on every path.
+		req.pod.RootfsLazy, req.lazy = lazy, lazy
+		lazy = nil
+	}
+	code, err := runOne(ctx, req, stdout, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "kata-fsx run: %v\n", err)
 	}
@@ -147,6 +173,7 @@ type runRequest struct {
 	keep      bool
 	statsFile string
 	began     time.Time
+	lazy      *lazyroot.Root // a registry: rootfs, owned by the sandbox
 }
 
 // keepMarker ends the command's stderr in --keep mode, followed by its status.
@@ -169,11 +196,19 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 	var statsMu sync.Mutex // the output pump records the first output
 	stats := &sandbox.RunStats{SandboxID: sb.ID, Backend: sb.Decision.Backend, Reason: sb.Decision.Reason,
 		ReadySeconds: time.Since(r.began).Seconds(), AtReady: sb.Sample()}
+	if r.lazy != nil {
+		stats.Lazy = &sandbox.LazyStats{Image: r.lazy.Image.Ref.String(), IndexSource: r.lazy.Image.IndexSource, ImageBytes: r.lazy.CompressedSize()}
+	}
 	defer func() {
 		if r.statsFile != "" {
 			statsMu.Lock()
 			// Sampled before teardown, while the processes still exist.
 			stats.AtEnd = sb.Sample()
+			if r.lazy != nil {
+				st := r.lazy.Stats()
+				stats.Lazy.FetchedAtEnd, stats.Lazy.RangeRequests = st.FetchedBytes, st.RangeRequests
+				stats.Lazy.VerifyFailures, stats.Lazy.ReadErrors = st.VerifyFailures, st.ReadErrors
+			}
 			err := writeStats(r.statsFile, stats)
 			statsMu.Unlock()
 			if err != nil {
@@ -211,6 +246,7 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 	}
 	stats.StartSeconds = time.Since(r.began).Seconds()
 	stats.AtStart = sb.Sample()
+	sb.ContainerStarted(cid)
 	streamCtx, stopStreams := context.WithCancel(ctx)
 	defer stopStreams()
 	keepStatus := make(chan int, 1)
@@ -224,6 +260,9 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 		defer statsMu.Unlock()
 		stats.FirstOutputSeconds = time.Since(r.began).Seconds()
 		stats.AtFirstOutput = sb.Sample()
+		if r.lazy != nil {
+			stats.Lazy.FetchedAtFirstOutput = r.lazy.Stats().FetchedBytes
+		}
 	}}
 	copies := pumpOutput(streamCtx, a, cid, cid, stdout, errOut)
 	if r.keep {

@@ -19,7 +19,7 @@ type Registry struct {
 	// registry itself.
 	ConfigPath string `toml:"config_path"`
 	// AuthFile is a docker-style config.json with registry credentials
-	// ("auths"); empty means anonymous access.
+	// ("auths"); empty means docker login's file, if any.
 	AuthFile string `toml:"auth_file"`
 	// CacheMemoryMB bounds the lazy store's memory tier per process.
 	CacheMemoryMB int `toml:"cache_memory_mb"`
@@ -73,7 +73,7 @@ func validateRegistry(r *Registry, add func(*Error)) {
 	}
 	if r.AuthFile != "" && !filepath.IsAbs(r.AuthFile) {
 		add(&Error{Key: "kata_fsx.registry.auth_file", Value: r.AuthFile, Problem: "must be an absolute path",
-			Fix: "name a docker-style config.json by its absolute path, or \"\" for anonymous access"})
+			Fix: "name a docker-style config.json by its absolute path, or \"\" for docker login's"})
 	}
 	for _, k := range []struct {
 		key       string

@@ -258,7 +258,12 @@ func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskReques
 	if spec.Linux != nil {
 		res = spec.Linux.Resources
 	}
-	sb, err := sandbox.New(sbCtx, sandbox.Spec{ID: r.ID, Config: cfg, Annotations: spec.Annotations, Rootfs: rootfs, Hostname: hostname, Resources: res, NetNSPath: netNSPath(spec)})
+	sbSpec := sandbox.Spec{ID: r.ID, Config: cfg, Annotations: spec.Annotations, Rootfs: rootfs, Hostname: hostname, Resources: res, NetNSPath: netNSPath(spec)}
+	if err := s.lazyRootfs(ctx, &sbSpec); err != nil {
+		sbCancel()
+		return nil, err
+	}
+	sb, err := sandbox.New(sbCtx, sbSpec)
 	close(booted)
 	if err != nil {
 		sbCancel()
@@ -367,6 +372,7 @@ func (s *service) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.
 	}
 	go s.waitExit(sb, p)
 	if r.ExecID == "" {
+		sb.ContainerStarted(c.id)
 		s.opts.events.send(&eventsapi.TaskStart{ContainerID: c.id, Pid: s.pid()})
 	} else {
 		s.opts.events.send(&eventsapi.TaskExecStarted{ContainerID: c.id, ExecID: r.ExecID, Pid: s.pid()})

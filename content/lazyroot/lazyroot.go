@@ -1,0 +1,234 @@
+// Package lazyroot opens a registry image as a pod's lazy root
+// filesystem: its layer indexes (lazyimage), its merged tree for the ext4
+// synthesis, and the node's content store (store) that serves its file
+// data on demand, with the prefetch trace replayed at start or recorded
+// for the next one and the optional background fill. It is the one place
+// `kata-fsx run`, `image build`/`serve` and the shim turn a `registry:`
+// source into what imagefs-blk serves.
+package lazyroot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
+	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/content/lazyimage"
+	"github.com/kata-fsx/kata-fsx/content/registry"
+	"github.com/kata-fsx/kata-fsx/content/store"
+)
+
+// Prefix marks a registry image in a source spec: registry:HOST/REPO:TAG.
+const Prefix = "registry:"
+
+// IsSource reports whether spec names a registry image.
+func IsSource(spec string) bool { return strings.HasPrefix(spec, Prefix) }
+
+// Options configure Open.
+type Options struct {
+	Registry config.Registry
+	// StateDir is the imagefs-blk state directory: the node's content
+	// store is StateDir/content, cached indexes StateDir/indexes.
+	StateDir   string
+	MaxEntries int
+	// Logf receives progress and decisions; nil discards them.
+	Logf func(format string, args ...any)
+}
+
+// Root is an opened registry image: Tree to synthesize ext4 from, Opener
+// to read its file data through. It is safe for concurrent use.
+type Root struct {
+	Image *lazyimage.Image
+	Tree  *index.Index
+
+	opts   Options
+	img    lazyimage.Options
+	store  *store.Store
+	life   context.Context // ends at Close: prefetch, fill, trace upload
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu        sync.Mutex
+	recording bool // no trace artifact was found: record one
+	started   bool
+	closed    bool
+	pushOnce  sync.Once
+}
+
+// Open resolves spec (registry:REF) and readies its store.
+func Open(ctx context.Context, spec string, o Options) (_ *Root, err error) {
+	refStr, ok := strings.CutPrefix(spec, Prefix)
+	if !ok || refStr == "" {
+		return nil, fmt.Errorf("source %q: want registry:HOST/REPO[:TAG|@DIGEST]", spec)
+	}
+	ref, err := registry.ParseReference(refStr)
+	if err != nil {
+		return nil, fmt.Errorf("source %s: %w", spec, err)
+	}
+	if o.StateDir == "" {
+		return nil, fmt.Errorf("source %s: no imagefs-blk state directory for the node's content store", spec)
+	}
+	logf := o.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	o.Logf = logf
+	r := &Root{opts: o, img: lazyimage.Options{Client: lazyimage.ClientFromConfig(o.Registry), MaxEntries: o.MaxEntries,
+		CacheDir: filepath.Join(o.StateDir, "indexes"), Logf: logf}}
+	if r.Image, err = lazyimage.Resolve(ctx, r.img, ref); err != nil {
+		return nil, fmt.Errorf("source %s: %w", spec, err)
+	}
+	if r.Tree, err = r.Image.Tree(ctx, o.MaxEntries); err != nil {
+		return nil, fmt.Errorf("source %s: %w", spec, err)
+	}
+	reg := o.Registry
+	r.store, err = store.Open(store.Options{Dir: filepath.Join(o.StateDir, "content"), MemoryBytes: int64(reg.CacheMemoryMB) << 20,
+		ReadTimeout: reg.ReadDeadline(), MaxFetch: int64(reg.MaxFetchMB) << 20, Logf: logf})
+	if err != nil {
+		return nil, fmt.Errorf("source %s: %w", spec, err)
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, r.store.Close())
+		}
+	}()
+	for i, ix := range r.Image.Layers {
+		if err := r.store.AddLayer(ix, r.Image.LayerFetcher(i)); err != nil {
+			return nil, fmt.Errorf("source %s: layer %d: %w", spec, i, err)
+		}
+	}
+	r.life, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	if reg.Prefetch {
+		r.startPrefetch(ctx)
+	}
+	return r, nil
+}
+
+// startPrefetch replays the image's trace in the background, or, with
+// none, records the reads from now until TraceSeconds after Started.
+func (r *Root) startPrefetch(ctx context.Context) {
+	b, err := lazyimage.FetchTrace(ctx, r.img, r.Image)
+	if err != nil {
+		if errors.Is(err, registry.ErrNotFound) {
+			r.opts.Logf("no prefetch trace for %s: recording one", r.Image.Ref)
+		} else {
+			r.opts.Logf("prefetch trace of %s unavailable (%v): recording one", r.Image.Ref, err)
+		}
+		r.recording = true
+		r.store.StartTrace()
+		return
+	}
+	t, err := store.DecodeTrace(b)
+	if err != nil {
+		r.opts.Logf("prefetch trace of %s refused: %v; recording a new one", r.Image.Ref, err)
+		r.recording = true
+		r.store.StartTrace()
+		return
+	}
+	r.opts.Logf("prefetch: replaying %d chunks of %s", len(t.Entries), r.Image.Ref)
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		if err := r.store.Prefetch(r.life, t); err != nil && r.life.Err() == nil {
+			r.opts.Logf("prefetch of %s: %v", r.Image.Ref, err)
+		}
+	}()
+}
+
+// Opener reads the image's file data through the store; other sources
+// (none in a registry image's tree) go to this host's files.
+func (r *Root) Opener() index.Opener { return r.store.Opener(hostfs.Opener{}) }
+
+// Stats is what the store did so far.
+func (r *Root) Stats() store.Stats { return r.store.Stats() }
+
+// CompressedSize is the image's layers' stored bytes: what pulling it costs.
+func (r *Root) CompressedSize() int64 {
+	var n int64
+	for _, l := range r.Image.Layers {
+		n += l.CompressedSize
+	}
+	return n
+}
+
+// Started marks the container's process as running: the trace being
+// recorded ends TraceSeconds later and is pushed, and the background fill
+// starts.
+func (r *Root) Started() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started || r.closed {
+		return
+	}
+	r.started = true
+	reg := r.opts.Registry
+	if r.recording {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			select {
+			case <-time.After(time.Duration(reg.TraceSeconds) * time.Second):
+				r.pushOnce.Do(r.pushTrace)
+			case <-r.life.Done():
+			}
+		}()
+	}
+	if reg.BackgroundFillMbps > 0 {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			if err := r.store.Fill(r.life, int64(reg.BackgroundFillMbps)*1e6/8); err != nil && r.life.Err() == nil {
+				r.opts.Logf("background fill of %s: %v", r.Image.Ref, err)
+			}
+		}()
+	}
+}
+
+func (r *Root) pushTrace() {
+	t := r.store.StopTrace()
+	if len(t.Entries) == 0 {
+		r.opts.Logf("prefetch trace of %s: no chunk read in the window; nothing pushed", r.Image.Ref)
+		return
+	}
+	b, err := t.MarshalBinary()
+	if err != nil {
+		r.opts.Logf("prefetch trace of %s: %v", r.Image.Ref, err)
+		return
+	}
+	// Close may be what ends the window (a short-lived container): the
+	// upload gets a deadline of its own, not the store's lifetime.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	d, err := lazyimage.PushTrace(ctx, r.img, r.Image, b)
+	if err != nil {
+		r.opts.Logf("prefetch trace of %s not pushed (%d chunks): %v", r.Image.Ref, len(t.Entries), err)
+		return
+	}
+	r.opts.Logf("prefetch trace of %s pushed: %d chunks, %s", r.Image.Ref, len(t.Entries), d.Digest)
+}
+
+// Close stops the prefetch and fill, pushes a trace still being
+// recorded, and closes the store.
+func (r *Root) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	record := r.recording && r.started
+	r.mu.Unlock()
+	r.cancel()
+	r.wg.Wait()
+	if record {
+		// A container that ended inside the window still leaves its trace.
+		r.pushOnce.Do(r.pushTrace)
+	}
+	return r.store.Close()
+}

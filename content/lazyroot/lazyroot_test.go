@@ -1,0 +1,178 @@
+package lazyroot
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/test/registrytest"
+)
+
+// testImage pushes a two-layer image (a small layer, and one of large
+// random files) and returns its registry: spec and the files' bytes.
+func testImage(t *testing.T, reg *registrytest.Registry) (string, map[string][]byte) {
+	t.Helper()
+	files := map[string][]byte{}
+	small := filepath.Join(t.TempDir(), "small")
+	big := filepath.Join(t.TempDir(), "big")
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, d := range []string{small, big} {
+		if err := os.MkdirAll(filepath.Join(d, "d"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write := func(root, name string, n int) {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		if err := os.WriteFile(filepath.Join(root, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		files[name] = b
+	}
+	write(small, "d/hello", 1000)
+	// Files of two spans (lazyindex.DefaultSpan): reading one fetches
+	// about three spans' compressed bytes.
+	for i := 0; i < 4; i++ {
+		write(big, fmt.Sprintf("d/big%d", i), 8<<20)
+	}
+	oci := t.TempDir()
+	registrytest.WriteOCI(t, oci, "v1", registrytest.TarDir(t, small), registrytest.TarDir(t, big))
+	reg.Push(t, oci, "v1", "lazyroot/img:v1")
+	return Prefix + reg.Addr + "/lazyroot/img:v1", files
+}
+
+func testOptions(t *testing.T, reg *registrytest.Registry, state string, logs *logBuffer) Options {
+	r := config.DefaultRegistry()
+	r.ConfigPath = reg.HostsDir(t, "")
+	r.TraceSeconds = 3600 // the trace ends with Close here
+	return Options{Registry: r, StateDir: state, Logf: logs.logf}
+}
+
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) logf(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintf(&l.b, format+"\n", args...)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// readFile reads path of the root's tree through its Opener.
+func readFile(t *testing.T, r *Root, path string) []byte {
+	t.Helper()
+	for i := range r.Tree.Entries {
+		e := &r.Tree.Entries[i]
+		if e.Path != path {
+			continue
+		}
+		ra, err := r.Opener().Open(r.Tree.Sources[e.Data.Source], e.Data.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, ok := ra.(io.Closer); ok {
+			defer c.Close()
+		}
+		b := make([]byte, e.Size)
+		if _, err := ra.ReadAt(b, e.Data.Offset); err != nil {
+			t.Fatalf("read %s: %v", path, err)
+		}
+		return b
+	}
+	t.Fatalf("%s not in the tree", path)
+	return nil
+}
+
+func TestOpenReadTracePrefetch(t *testing.T) {
+	reg := registrytest.Start(t, registrytest.Options{})
+	spec, files := testImage(t, reg)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	// Node 1: no index artifact (built by streaming), no trace (recorded).
+	var logs1 logBuffer
+	r, err := Open(ctx, spec, testOptions(t, reg, t.TempDir(), &logs1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs1.String(), "no prefetch trace") {
+		t.Errorf("no word of recording a trace:\n%s", logs1.String())
+	}
+	r.Started()
+	if got := readFile(t, r, "d/big1"); !bytes.Equal(got, files["d/big1"]) {
+		t.Fatal("d/big1 read through the store differs from the image's")
+	}
+	fetched := r.Stats().FetchedBytes
+	if fetched <= 0 || fetched > r.CompressedSize()/2 {
+		t.Errorf("reading one of four big files fetched %d of %d bytes", fetched, r.CompressedSize())
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs1.String(), "prefetch trace of") || !strings.Contains(logs1.String(), "pushed") {
+		t.Fatalf("the trace was not pushed at Close:\n%s", logs1.String())
+	}
+
+	// Node 2 (a fresh state dir) replays it: big1 is fetched before any read.
+	var logs2 logBuffer
+	r2, err := Open(ctx, spec, testOptions(t, reg, t.TempDir(), &logs2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	deadline := time.Now().Add(time.Minute)
+	for r2.Stats().FetchedBytes < fetched && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := r2.Stats().FetchedBytes; got < fetched {
+		t.Fatalf("prefetch fetched %d bytes, want the %d node 1 read:\n%s", got, fetched, logs2.String())
+	}
+	before := r2.Stats().FetchedBytes
+	if got := readFile(t, r2, "d/big1"); !bytes.Equal(got, files["d/big1"]) {
+		t.Fatal("d/big1 differs on node 2")
+	}
+	if after := r2.Stats().FetchedBytes; after != before {
+		t.Errorf("reading the prefetched file fetched %d more bytes", after-before)
+	}
+	if !strings.Contains(logs2.String(), "prefetch: replaying") {
+		t.Errorf("no word of the replay:\n%s", logs2.String())
+	}
+	if got := readFile(t, r2, "d/hello"); !bytes.Equal(got, files["d/hello"]) {
+		t.Fatal("d/hello differs")
+	}
+}
+
+func TestOpenRefusals(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct{ spec, want string }{
+		{"oci:/x", "want registry:"},
+		{"registry:", "want registry:"},
+		{"registry:UPPER/Case", "source registry:UPPER/Case"},
+	} {
+		_, err := Open(ctx, c.spec, Options{Registry: config.DefaultRegistry(), StateDir: t.TempDir()})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Open(%q): %v, want an error with %q", c.spec, err, c.want)
+		}
+	}
+	if _, err := Open(ctx, "registry:127.0.0.1:1/a/b:c", Options{Registry: config.DefaultRegistry()}); err == nil || !strings.Contains(err.Error(), "state directory") {
+		t.Errorf("no state dir: %v", err)
+	}
+}
