@@ -67,8 +67,15 @@ func main() {
 	flag.StringVar(&o.jsonOut, "json", "docs/bench/coldstart.json", "raw results")
 	flag.StringVar(&o.mdOut, "md", "docs/benchmarks.md", "Markdown file whose cold-start section is replaced")
 	flag.BoolVar(&o.prepare, "prepare", false, "build the cached OCI layout and exit")
+	renderOnly := flag.Bool("render", false, "rewrite the Markdown section from the -json file of an earlier run and exit")
 	flag.DurationVar(&o.podTimeout, "pod-timeout", 10*time.Minute, "longest one pod (pull included) may take")
 	flag.Parse()
+	if *renderOnly {
+		if err := render(o.jsonOut, o.mdOut); err != nil {
+			fatal(err)
+		}
+		return
+	}
 	o.images = strings.Split(images, ",")
 	o.links = strings.Split(links, ",")
 	for _, l := range o.links {
