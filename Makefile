@@ -84,6 +84,14 @@ bench-image:
 bench-blk: build guest
 	$(GO) run ./test/bench/blkbench
 
+# Cold start from a registry (docker-registry in a network namespace of its
+# own, the link shaped with tc): pull-and-unpack against lazy registry:
+# images, on the bench image and a ~1 GiB variant; needs root, skopeo and
+# docker-registry. ~30 min, most of it the 100 Mbit/s pulls.
+.PHONY: bench-coldstart
+bench-coldstart: build guest
+	$(GO) run ./test/bench/coldbench
+
 # The test guest kit: kernel, initramfs and test agent, from Debian packages.
 # build.sh skips the work when its inputs are unchanged.
 guest:
