@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -309,6 +310,24 @@ func TestSegmentedReads(t *testing.T) {
 	}
 }
 
+// serveHeld serves dev, a wrapper of e's device whose requests wait on
+// held, in place of e's server; release lets them go (and cleanup does,
+// if the test did not).
+func (e *testEnv) serveHeld(t *testing.T, dev BlockDevice, held chan struct{}) (*testEnv, func()) {
+	sock := filepath.Join(t.TempDir(), "vu", "held.sock")
+	srv, err := Serve(context.Background(), sock, dev, Options{Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release := func() { once.Do(func() { close(held) }) }
+	t.Cleanup(func() {
+		release()
+		srv.Close()
+	})
+	return &testEnv{srv: srv, dev: e.dev, base: e.base, sock: sock}, release
+}
+
 // slowFlush is a device whose Flush waits until release is closed.
 type slowFlush struct {
 	BlockDevice
@@ -328,19 +347,7 @@ func (d *slowFlush) Flush() error {
 func TestSlowRequestDoesNotHoldOthers(t *testing.T) {
 	env := newEnv(t, 1<<20, false, Options{})
 	dev := &slowFlush{BlockDevice: env.dev, entered: make(chan struct{}), release: make(chan struct{})}
-	sock := filepath.Join(t.TempDir(), "vu", "slow.sock")
-	srv, err := Serve(context.Background(), sock, dev, Options{Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	released := false
-	t.Cleanup(func() {
-		if !released {
-			close(dev.release)
-		}
-		srv.Close()
-	})
-	env = &testEnv{srv: srv, dev: env.dev, base: env.base, sock: sock}
+	env, release := env.serveHeld(t, dev, dev.release)
 	_, q := env.connect(t, 0)
 	flush := q.prepare(blkTypeFlush, 0, nil, 0)
 	q.Kick()
@@ -357,8 +364,7 @@ func TestSlowRequestDoesNotHoldOthers(t *testing.T) {
 	if st, in := q.result(read); st != blkStatusOK || !bytes.Equal(in, env.base[8*512:8*512+4096]) {
 		t.Fatalf("read during the flush: status %d", st)
 	}
-	close(dev.release)
-	released = true
+	release()
 	if id, _ := q.WaitUsed(); id != uint32(flush.head) {
 		t.Fatalf("second completion is head %d, want the flush (%d)", id, flush.head)
 	}
@@ -990,19 +996,7 @@ func TestStalledReadsDoNotFillQueue(t *testing.T) {
 	const stalledReads = 48
 	env := newEnv(t, 1<<20, false, Options{})
 	dev := &stallingReads{BlockDevice: env.dev, stallBelow: 64 << 10, stalled: make(chan struct{}, stalledReads), release: make(chan struct{})}
-	sock := filepath.Join(t.TempDir(), "vu", "stall.sock")
-	srv, err := Serve(context.Background(), sock, dev, Options{Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	released := false
-	t.Cleanup(func() {
-		if !released {
-			close(dev.release)
-		}
-		srv.Close()
-	})
-	env = &testEnv{srv: srv, dev: env.dev, base: env.base, sock: sock}
+	env, release := env.serveHeld(t, dev, dev.release)
 	_, q := env.connect(t, 0) // 128 entries
 	q.Indirect = true         // one descriptor per request
 	var stalled []pendingReq
@@ -1025,8 +1019,7 @@ func TestStalledReadsDoNotFillQueue(t *testing.T) {
 	if st, in := q.result(read); st != blkStatusOK || !bytes.Equal(in, env.base[512*512:512*512+4096]) {
 		t.Fatalf("unstalled read: status %d", st)
 	}
-	close(dev.release)
-	released = true
+	release()
 	for range stalled {
 		q.WaitUsed()
 	}
