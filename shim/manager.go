@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"time"
 
+	apitypes "github.com/containerd/containerd/api/types"
+
 	taskapi "github.com/containerd/containerd/api/runtime/task/v2"
 	"github.com/containerd/fifo"
 	"github.com/containerd/log"
@@ -86,11 +88,16 @@ func parseShimFlags(args []string, stderr io.Writer) (*shimFlags, error) {
 	fs.StringVar(&f.bundle, "bundle", "", "bundle directory (default: the working directory)")
 	fs.BoolVar(&f.debug, "debug", false, "debug logging")
 	version := fs.Bool("v", false, "print the version")
+	info := fs.Bool("info", false, "write the runtime's RuntimeInfo (protobuf) to stdout, as containerd 2.x's runtime introspection asks")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if *version {
 		f.action = "version"
+		return f, nil
+	}
+	if *info {
+		f.action = "info"
 		return f, nil
 	}
 	if fs.NArg() != 1 {
@@ -113,6 +120,9 @@ func parseShimFlags(args []string, stderr io.Writer) (*shimFlags, error) {
 	return f, nil
 }
 
+// Version is kata-fsx's release, set at link time by the Makefile.
+var Version = "0.0.0-dev"
+
 // ShimMain is the containerd-shim-kata-fsx-v2 binary: the `start` and
 // `delete` commands containerd runs, and the long-lived server `start`
 // spawns. defaultConfig is the last configuration file fallback.
@@ -125,7 +135,18 @@ func ShimMain(args []string, stdout, stderr io.Writer, defaultConfig string) int
 	ctx := context.Background()
 	switch f.action {
 	case "version":
-		fmt.Fprintf(stdout, "containerd-shim-kata-fsx-v2 (runtime %s)\n", RuntimeType)
+		fmt.Fprintf(stdout, "containerd-shim-kata-fsx-v2 %s (runtime %s)\n", Version, RuntimeType)
+		return 0
+	case "info":
+		// containerd writes the runtime's options on stdin; kata-fsx's
+		// info does not depend on them (its configuration is read when a
+		// pod is created), as Kata's shim ignores them.
+		b, err := proto.Marshal(&apitypes.RuntimeInfo{Name: RuntimeType, Version: &apitypes.RuntimeVersion{Version: Version}})
+		if err != nil {
+			fmt.Fprintf(stderr, "containerd-shim-kata-fsx-v2 -info: %v\n", err)
+			return 1
+		}
+		stdout.Write(b)
 		return 0
 	case "start":
 		addr, err := startShim(ctx, f)
