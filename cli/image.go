@@ -195,7 +195,7 @@ func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	var idx *index.Index
 	if lazyroot.IsSource(positional[0]) {
 		// Only the tree is needed: the metadata holds no file data.
-		lazy, err := openLazy(ctx, positional[0], budgets.MaxEntries, false, func(format string, args ...any) {
+		lazy, err := openLazy(ctx, positional[0], false, func(format string, args ...any) {
 			progress.Describe(fmt.Sprintf(format, args...))
 		})
 		if err != nil {
@@ -251,16 +251,14 @@ func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 // built from a registry: source the node's lazy store (its build.json
 // pins the manifest), else this host's files and blob cache.
 func imageOpener(ctx context.Context, dir, cache string, prefetch bool, stderr io.Writer, cmd string) (index.Opener, func(), error) {
-	var info BuildInfo
-	if b, err := os.ReadFile(filepath.Join(dir, buildInfoFile)); err == nil {
-		if err := json.Unmarshal(b, &info); err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", filepath.Join(dir, buildInfoFile), err)
-		}
+	info, err := readBuildInfo(dir)
+	if err != nil {
+		return nil, nil, err
 	}
-	if !lazyroot.IsSource(info.Resolved) {
+	if info == nil || !lazyroot.IsSource(info.Resolved) {
 		return &hostfs.Opener{CacheDir: cache}, func() {}, nil
 	}
-	lazy, err := openLazy(ctx, info.Resolved, 0, prefetch, func(format string, args ...any) {
+	lazy, err := openLazy(ctx, info.Resolved, prefetch, func(format string, args ...any) {
 		fmt.Fprintf(stderr, "kata-fsx image "+cmd+": "+format+"\n", args...)
 	})
 	if err != nil {
@@ -270,16 +268,31 @@ func imageOpener(ctx context.Context, dir, cache string, prefetch bool, stderr i
 	return lazy.Opener(), func() { lazy.Close() }, nil
 }
 
-// openLazy opens a registry: image with the configuration's registry
-// table and the imagefs-blk state directory's node store.
-func openLazy(ctx context.Context, spec string, maxEntries int, prefetch bool, logf func(string, ...any)) (*lazyroot.Root, error) {
+// readBuildInfo reads an image directory's build.json; nil when there is
+// none (an image built before it was written).
+func readBuildInfo(dir string) (*BuildInfo, error) {
+	p := filepath.Join(dir, buildInfoFile)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return nil, nil
+	}
+	var info BuildInfo
+	if err := json.Unmarshal(b, &info); err != nil {
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	return &info, nil
+}
+
+// openLazy opens a registry: image as the configuration says, with its
+// prefetch only when prefetch is also true.
+func openLazy(ctx context.Context, spec string, prefetch bool, logf func(string, ...any)) (*lazyroot.Root, error) {
 	c := config.Default()
 	if lc, err := config.Load("", config.DevPath()); err == nil {
 		c = lc
 	}
-	reg := c.KataFSX.Registry
-	reg.Prefetch = reg.Prefetch && prefetch
-	return lazyroot.Open(ctx, spec, lazyroot.Options{Registry: reg, StateDir: c.KataFSX.ImagefsBlk.StateDir, MaxEntries: maxEntries, Logf: logf})
+	o := lazyroot.ConfigOptions(c, logf)
+	o.Registry.Prefetch = o.Registry.Prefetch && prefetch
+	return lazyroot.Open(ctx, spec, o)
 }
 
 // buildBudgets returns the metadata and build memory budgets: the flags
@@ -377,12 +390,8 @@ func imageInspect(args []string, stdout, stderr io.Writer) error {
 	if mf.DataBytes > 0 {
 		s.MetadataPctOfData = 100 * float64(mf.MetaBytes) / float64(mf.DataBytes)
 	}
-	if b, err := os.ReadFile(filepath.Join(dir, buildInfoFile)); err == nil {
-		var bi BuildInfo
-		if json.Unmarshal(b, &bi) == nil {
-			s.Build = &bi
-		}
-	}
+	// A damaged build.json only loses the build section of the summary.
+	s.Build, _ = readBuildInfo(dir)
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")

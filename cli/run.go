@@ -96,10 +96,9 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer, defaul
 		if *backend != config.SharedFSImagefsBlk {
 			return fail(fmt.Errorf("--rootfs %s: a registry image is read lazily by --backend imagefs-blk only", *rootfs))
 		}
-		b := c.KataFSX.ImagefsBlk
-		entries, _, _, _ := b.Budgets()
-		lazy, err = lazyroot.Open(ctx, *rootfs, lazyroot.Options{Registry: c.KataFSX.Registry, StateDir: b.StateDir, MaxEntries: entries,
-			Logf: func(format string, args ...any) { fmt.Fprintf(stderr, "kata-fsx run: "+format+"\n", args...) }})
+		lazy, err = lazyroot.Open(ctx, *rootfs, lazyroot.ConfigOptions(c, func(format string, args ...any) {
+			fmt.Fprintf(stderr, "kata-fsx run: "+format+"\n", args...)
+		}))
 		if err != nil {
 			return fail(fmt.Errorf("--rootfs %s: %w", *rootfs, err))
 		}

@@ -25,10 +25,7 @@ func (s *service) lazyRootfs(ctx context.Context, spec *sandbox.Spec) error {
 	if !lazyroot.IsSource(ref) {
 		return errInvalid("container %s: annotation %s=%q: want registry:HOST/REPO[:TAG|@DIGEST]", spec.ID, config.AnnotationLazyImage, ref)
 	}
-	b := spec.Config.KataFSX.ImagefsBlk
-	entries, _, _, _ := b.Budgets()
-	lazy, err := lazyroot.Open(ctx, ref, lazyroot.Options{Registry: reg, StateDir: b.StateDir, MaxEntries: entries,
-		Logf: func(format string, args ...any) { s.log(spec.ID).Infof(format, args...) }})
+	lazy, err := lazyroot.Open(ctx, ref, lazyroot.ConfigOptions(spec.Config, func(format string, args ...any) { s.log(spec.ID).Infof(format, args...) }))
 	if err != nil {
 		return toStatus(fmt.Errorf("container %s: annotation %s: %w", spec.ID, config.AnnotationLazyImage, err))
 	}

@@ -41,6 +41,15 @@ type Options struct {
 	Logf func(format string, args ...any)
 }
 
+// ConfigOptions are the Options a kata-fsx configuration gives: its
+// [kata_fsx.registry] table, and the imagefs-blk state directory and
+// entry budget.
+func ConfigOptions(c *config.Config, logf func(format string, args ...any)) Options {
+	b := c.KataFSX.ImagefsBlk
+	entries, _, _, _ := b.Budgets()
+	return Options{Registry: c.KataFSX.Registry, StateDir: b.StateDir, MaxEntries: entries, Logf: logf}
+}
+
 // Root is an opened registry image: Tree to synthesize ext4 from, Opener
 // to read its file data through. It is safe for concurrent use.
 type Root struct {
@@ -113,20 +122,9 @@ func Open(ctx context.Context, spec string, o Options) (_ *Root, err error) {
 // startPrefetch replays the image's trace in the background, or, with
 // none, records the reads from now until TraceSeconds after Started.
 func (r *Root) startPrefetch(ctx context.Context) {
-	b, err := lazyimage.FetchTrace(ctx, r.img, r.Image)
+	t, err := r.fetchTrace(ctx)
 	if err != nil {
-		if errors.Is(err, registry.ErrNotFound) {
-			r.opts.Logf("no prefetch trace for %s: recording one", r.Image.Ref)
-		} else {
-			r.opts.Logf("prefetch trace of %s unavailable (%v): recording one", r.Image.Ref, err)
-		}
-		r.recording = true
-		r.store.StartTrace()
-		return
-	}
-	t, err := store.DecodeTrace(b)
-	if err != nil {
-		r.opts.Logf("prefetch trace of %s refused: %v; recording a new one", r.Image.Ref, err)
+		r.opts.Logf("%v: recording one", err)
 		r.recording = true
 		r.store.StartTrace()
 		return
@@ -139,6 +137,23 @@ func (r *Root) startPrefetch(ctx context.Context) {
 			r.opts.Logf("prefetch of %s: %v", r.Image.Ref, err)
 		}
 	}()
+}
+
+// fetchTrace returns the image's prefetch trace, or why there is none
+// to replay.
+func (r *Root) fetchTrace(ctx context.Context) (store.Trace, error) {
+	b, err := lazyimage.FetchTrace(ctx, r.img, r.Image)
+	if errors.Is(err, registry.ErrNotFound) {
+		return store.Trace{}, fmt.Errorf("no prefetch trace for %s", r.Image.Ref)
+	}
+	if err != nil {
+		return store.Trace{}, fmt.Errorf("prefetch trace of %s unavailable (%w)", r.Image.Ref, err)
+	}
+	t, err := store.DecodeTrace(b)
+	if err != nil {
+		return store.Trace{}, fmt.Errorf("prefetch trace of %s refused (%w)", r.Image.Ref, err)
+	}
+	return t, nil
 }
 
 // Opener reads the image's file data through the store; other sources
