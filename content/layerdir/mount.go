@@ -136,6 +136,10 @@ func parseOptions(options []string) (mountSpec, error) {
 			if o == "" {
 				continue
 			}
+			if n := len(o) - len(strings.TrimRight(o, `\`)); n%2 == 1 {
+				// Joined to the next option, it would escape the comma.
+				return mountSpec{}, fmt.Errorf("option %q ends in a backslash", trunc(o))
+			}
 			key, val, hasVal := strings.Cut(o, "=")
 			if f, ok := flagOptions[o]; ok {
 				s.flags = s.flags&^f.clear | f.set
@@ -249,10 +253,7 @@ func materializeAll(ctx context.Context, dirs []string, logf func(string, ...any
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			if err := Materialize(ctx, d, logf); err != nil {
-				errs[i] = fmt.Errorf("%w (the layer is read from the registry named in %s: check that the registry is reachable with the node's registry configuration, or pull the image again)",
-					err, filepath.Join(filepath.Dir(d), SidecarName))
-			}
+			errs[i] = Materialize(ctx, d, logf)
 		}()
 	}
 	wg.Wait()

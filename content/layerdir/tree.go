@@ -299,7 +299,8 @@ func (m *materializer) fileData(f *os.File, e *index.Entry, src []index.Source) 
 				if err == nil || errors.Is(err, io.EOF) {
 					err = io.ErrUnexpectedEOF
 				}
-				return fmt.Errorf("entry %q: read [%d, %d) of its data: %w", index.Trunc(e.Path), off, off+int64(len(b)), err)
+				return fmt.Errorf("entry %q: read [%d, %d) of its data: %w (the data comes from the registry of %s through the node's content store: check that it is reachable from this node with the registry configuration of %s)",
+					index.Trunc(e.Path), off, off+int64(len(b)), err, m.remote.Ref, m.opts.Registry.ConfigPath)
 			}
 			if _, err := f.WriteAt(b, off); err != nil {
 				return fmt.Errorf("entry %q: %w", index.Trunc(e.Path), err)
