@@ -867,7 +867,8 @@ func TestParseArgs(t *testing.T) {
 }
 
 // TestCompact: lowerdir options over a page are mounted relative to the
-// layers' common parent, as containerd does.
+// layers' common parent, as containerd does for its own overlay mounts
+// (but not for a helper's).
 func TestCompact(t *testing.T) {
 	testenv.Root(t, "overlay mounts")
 	root := t.TempDir()
@@ -889,10 +890,9 @@ func TestCompact(t *testing.T) {
 	}
 	target := filepath.Join(root, "m")
 	os.Mkdir(target, 0o755)
-	if err := Mount(testCtx(t), "overlay", target, []string{opts, "ro"}, nil); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Unmount(target, unix.MNT_DETACH)
+	// Through mount.fuse3, which passes the options whole.
+	helperPath(t)
+	mountFuse3(t, "overlay", target, opts, "ro")
 	ents, err := os.ReadDir(target)
 	if err != nil || len(ents) != 60 {
 		t.Fatalf("merged tree has %d entries (%v), want 60", len(ents), err)
@@ -935,4 +935,38 @@ func FuzzParseArgs(f *testing.F) {
 			t.Fatalf("options %q reparse to %+v, %v (from %+v)", s.data, again, err, s)
 		}
 	})
+}
+
+// TestOpenBeneath: a hard link's target directory is reached without
+// following a symlink, with openat2 and without.
+func TestOpenBeneath(t *testing.T) {
+	root := t.TempDir()
+	outside := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "a/b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(root, "a/link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("..", filepath.Join(root, "a/up")); err != nil {
+		t.Fatal(err)
+	}
+	rootfd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(rootfd)
+	for name, open := range map[string]func(int, string) (int, error){"openat2": openBeneath, "walk": walkBeneath} {
+		fd, err := open(rootfd, "a/b")
+		if err != nil {
+			t.Fatalf("%s a/b: %v", name, err)
+		}
+		unix.Close(fd)
+		for _, bad := range []string{"a/link", "a/link/x", "a/up", "a/up/a", "a/../..", "a/b/../../.."} {
+			if fd, err := open(rootfd, bad); err == nil {
+				unix.Close(fd)
+				t.Errorf("%s %s: opened", name, bad)
+			}
+		}
+	}
 }

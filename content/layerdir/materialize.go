@@ -331,14 +331,10 @@ func (m *materializer) commit() error {
 	if err := writeFileAt(m.sd, pendingName, nil); err != nil {
 		return err
 	}
-	if exists(m.sd, m.base) {
-		// rename(2) replaces an empty directory in one step; the fs
-		// directory was checked empty under the lock.
-		if err := unix.Renameat(m.sd, stageName, m.sd, m.base); err != nil {
-			return fmt.Errorf("swap the written tree in for %s: %w", m.lower, err)
-		}
-	} else if err := unix.Renameat(m.sd, stageName, m.sd, m.base); err != nil {
-		return fmt.Errorf("move the written tree to %s: %w", m.lower, err)
+	// rename(2) replaces an empty directory in one step (the fs directory
+	// was checked empty under the lock; a non-empty one fails it).
+	if err := unix.Renameat(m.sd, stageName, m.sd, m.base); err != nil {
+		return fmt.Errorf("swap the written tree in for %s: %w", m.lower, err)
 	}
 	if err := unix.Fsync(m.sd); err != nil {
 		return fmt.Errorf("sync %s: %w", m.snap, err)

@@ -232,8 +232,7 @@ func link(rootfd int, target string, pfd int, name string) error {
 	}
 	dfd := rootfd
 	if dir := index.ParentPath(target); dir != "." {
-		fd, err := unix.Openat2(rootfd, dir, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
-			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV})
+		fd, err := openBeneath(rootfd, dir)
 		if err != nil {
 			return fmt.Errorf("hard link target %q: %w", index.Trunc(target), err)
 		}
@@ -244,6 +243,40 @@ func link(rootfd int, target string, pfd int, name string) error {
 		return fmt.Errorf("hard link to %q: %w", index.Trunc(target), err)
 	}
 	return nil
+}
+
+// openBeneath opens the directory dir (a clean relative path) beneath
+// rootfd without following a symlink or leaving rootfd's tree: openat2
+// where the kernel has it (5.6), else one O_NOFOLLOW component at a time.
+func openBeneath(rootfd int, dir string) (int, error) {
+	fd, err := unix.Openat2(rootfd, dir, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV})
+	if !errors.Is(err, unix.ENOSYS) {
+		return fd, err
+	}
+	return walkBeneath(rootfd, dir)
+}
+
+// walkBeneath is openBeneath without openat2.
+func walkBeneath(rootfd int, dir string) (int, error) {
+	cur := rootfd
+	for _, c := range strings.Split(dir, "/") {
+		if !plainName(c) {
+			if cur != rootfd {
+				unix.Close(cur)
+			}
+			return -1, fmt.Errorf("path component %q: %w", index.Trunc(c), unix.EINVAL)
+		}
+		next, err := unix.Openat(cur, c, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if cur != rootfd {
+			unix.Close(cur)
+		}
+		if err != nil {
+			return -1, err
+		}
+		cur = next
+	}
+	return cur, nil
 }
 
 // writeFile writes the regular file e as name in pfd, its data read from
