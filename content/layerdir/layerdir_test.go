@@ -321,6 +321,15 @@ func TestMaterialize(t *testing.T) {
 	if err := Materialize(ctx, l1, again.logf); err != nil || again.String() != "" {
 		t.Fatalf("second Materialize: %v, logs %q", err, again.String())
 	}
+
+	// Another snapshot of the same layer on this node needs no registry:
+	// the indexes and the chunks are in the node's store, shared.
+	im.reg.Stop()
+	other := snapshot(t, t.TempDir(), 3, Remote{Ref: im.ref, Layer: im.digests[0], Config: n.config})
+	if err := Materialize(ctx, other, nil); err != nil {
+		t.Fatalf("from the node's store alone: %v", err)
+	}
+	compareLayer(t, other, im.layers[0], nil)
 }
 
 // compareLayer checks every entry of the layer tar against the directory
