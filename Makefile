@@ -16,7 +16,7 @@ RUNDIR     ?= /run/kata-fsx
 STATEDIR   ?= /var/lib/kata-fsx/imagefs-blk
 
 LDFLAGS    := -X github.com/kata-fsx/kata-fsx/cli.Version=$(VERSION) -X github.com/kata-fsx/kata-fsx/shim.Version=$(VERSION)
-BINARIES   := kata-fsx containerd-shim-kata-fsx-v2
+BINARIES   := kata-fsx containerd-shim-kata-fsx-v2 kata-fsx-overlay
 
 .PHONY: all build test lint fuzz install clean guest guest-kernel guest-image bench bench-suite bench-image bench-blk
 

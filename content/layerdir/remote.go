@@ -44,7 +44,8 @@ type Remote struct {
 	Layer digest.Digest `json:"layer"`
 	// Config is the kata-fsx configuration file whose [kata_fsx.registry]
 	// table and imagefs-blk state_dir the snapshotter used, so that a mount
-	// helper and the shim read through the same node store.
+	// helper and the shim read through the same node store. Empty means
+	// the configuration config.Load finds by default.
 	Config string `json:"config"`
 }
 

@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -88,8 +87,7 @@ func Open(ctx context.Context, spec string, o Options) (_ *Root, err error) {
 		logf = func(string, ...any) {}
 	}
 	o.Logf = logf
-	r := &Root{opts: o, img: lazyimage.Options{Client: lazyimage.ClientFromConfig(o.Registry), MaxEntries: o.MaxEntries,
-		CacheDir: filepath.Join(o.StateDir, "indexes"), Logf: logf}}
+	r := &Root{opts: o, img: ImageOptions(o)}
 	if r.Image, err = lazyimage.Resolve(ctx, r.img, ref); err != nil {
 		return nil, fmt.Errorf("source %s: %w", spec, err)
 	}
@@ -97,9 +95,7 @@ func Open(ctx context.Context, spec string, o Options) (_ *Root, err error) {
 		return nil, fmt.Errorf("source %s: %w", spec, err)
 	}
 	reg := o.Registry
-	r.store, err = store.Open(store.Options{Dir: filepath.Join(o.StateDir, "content"), MemoryBytes: int64(reg.CacheMemoryMB) << 20,
-		ReadTimeout: reg.ReadDeadline(), MaxFetch: int64(reg.MaxFetchMB) << 20, Logf: logf})
-	if err != nil {
+	if r.store, err = OpenStore(o); err != nil {
 		return nil, fmt.Errorf("source %s: %w", spec, err)
 	}
 	defer func() {
