@@ -36,6 +36,10 @@ type podDisk struct {
 	slot         *hypervisor.HotplugSlot
 	chardevAdded bool
 	deviceAdded  bool
+
+	// lazy is the lazy image store a hot-plugged disk reads its file data
+	// through; the disk owns it and closes it once it no longer serves.
+	lazy LazyRootfs
 }
 
 func (d *podDisk) chardevID() string { return "char-" + d.deviceID }
@@ -149,25 +153,44 @@ func (s *Sandbox) createDisk(ctx context.Context, cid string, rootfs config.Root
 func (d *podDisk) remove() error {
 	err := d.Remove()
 	d.stopServing()
+	if d.lazy != nil {
+		if cerr := d.lazy.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("close the lazy image store: %w", cerr))
+		}
+	}
 	return err
 }
 
 // hotplugDisk builds and serves a disk for a container created after the
 // VM booted and plugs it into a free slot of the hot-plug bridge. On error
-// everything it did is undone.
-func (s *Sandbox) hotplugDisk(ctx context.Context, cid string, rootfs config.Rootfs) (_ *podDisk, err error) {
+// everything it did is undone. With idx and lazy set (a lazy image's tree
+// and store) the disk is built from idx and reads through lazy, which it
+// owns from here on, whatever the outcome.
+func (s *Sandbox) hotplugDisk(ctx context.Context, cid string, rootfs config.Rootfs, idx *index.Index, lazy LazyRootfs) (_ *podDisk, err error) {
+	closeLazy := func(err error) error {
+		if lazy != nil {
+			if cerr := lazy.Close(); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("close the lazy image store: %w", cerr))
+			}
+		}
+		return err
+	}
 	slot, err := s.vm.NextHotplugSlot()
 	if err != nil {
-		return nil, fmt.Errorf("container %s: disk hot-plug: %w", cid, err)
+		return nil, closeLazy(fmt.Errorf("container %s: disk hot-plug: %w", cid, err))
 	}
-	d, err := s.createDisk(ctx, cid, rootfs, nil, nil)
+	var opener index.Opener
+	if lazy != nil {
+		opener = lazy.Opener()
+	}
+	d, err := s.createDisk(ctx, cid, rootfs, idx, opener)
 	if err != nil {
 		if rerr := s.vm.ReleaseHotplugSlot(slot); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
-		return nil, err
+		return nil, closeLazy(err)
 	}
-	d.slot, d.path = &slot, slot.Path
+	d.slot, d.path, d.lazy = &slot, slot.Path, lazy
 	defer func() {
 		if err != nil {
 			if uerr := s.unplugDisk(cid); uerr != nil {
@@ -269,12 +292,18 @@ func (s *Sandbox) blkStorage(d *podDisk, cid string) (*pb.Storage, string) {
 
 // containerDisk returns the container's disk: the one cold-plugged at
 // boot for the sandbox's first container, or a new one hot-plugged now.
-func (s *Sandbox) containerDisk(ctx context.Context, cid string, rootfs config.Rootfs) (*podDisk, error) {
+func (s *Sandbox) containerDisk(ctx context.Context, cid string, rootfs config.Rootfs, idx *index.Index, lazy LazyRootfs) (*podDisk, error) {
 	s.mu.Lock()
 	d, ok := s.disks[cid]
 	s.mu.Unlock()
 	if !ok {
-		return s.hotplugDisk(ctx, cid, rootfs)
+		return s.hotplugDisk(ctx, cid, rootfs, idx, lazy)
+	}
+	if lazy != nil {
+		// The first container's disk was built at boot from Spec.
+		if err := lazy.Close(); err != nil {
+			return nil, fmt.Errorf("container %s: close the unused lazy image store: %w", cid, err)
+		}
 	}
 	if d.path == "" {
 		p, ok := s.vm.Plan().PCIPaths[d.deviceID]

@@ -561,7 +561,13 @@ type ContainerSpec struct {
 	// Rootfs is what imagefs-blk builds the disk of a container created
 	// after boot from.
 	Rootfs config.Rootfs
-	OCI    *specs.Spec
+	// RootfsIndex and RootfsLazy, when set, are a lazy image the
+	// container's imagefs-blk disk is built from and reads its file data
+	// through (the kata-fsx snapshotter's remote layers). CreateContainer
+	// owns RootfsLazy: it is closed with the disk, or on error.
+	RootfsIndex *index.Index
+	RootfsLazy  LazyRootfs
+	OCI         *specs.Spec
 }
 
 // CreateContainer shares the container's rootfs with the guest (on
@@ -569,6 +575,14 @@ type ContainerSpec struct {
 // it in the agent; the sandbox must be ready. On error the container's
 // disk is gone again.
 func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err error) {
+	lazy := c.RootfsLazy // closed here unless a disk took it over
+	defer func() {
+		if lazy != nil {
+			if cerr := lazy.Close(); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("container %s: close the lazy image store: %w", c.ID, cerr))
+			}
+		}
+	}()
 	s.mu.Lock()
 	err = s.requireLocked("create container "+c.ID, StateReady)
 	s.mu.Unlock()
@@ -601,7 +615,8 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 	}()
 	switch s.Decision.Backend {
 	case config.SharedFSImagefsBlk:
-		d, derr := s.containerDisk(ctx, c.ID, c.Rootfs)
+		d, derr := s.containerDisk(ctx, c.ID, c.Rootfs, c.RootfsIndex, lazy)
+		lazy = nil
 		if derr != nil {
 			return derr
 		}
@@ -676,6 +691,15 @@ func (s *Sandbox) RemoveContainer(ctx context.Context, cid string, timeout time.
 func (s *Sandbox) ContainerStarted(cid string) {
 	if s.lazy != nil && cid == s.ID {
 		s.lazy.Started()
+	}
+	s.mu.Lock()
+	var lazy LazyRootfs
+	if d := s.disks[cid]; d != nil {
+		lazy = d.lazy
+	}
+	s.mu.Unlock()
+	if lazy != nil {
+		lazy.Started()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/content/lazyroot"
 	"github.com/kata-fsx/kata-fsx/sandbox"
@@ -25,7 +26,7 @@ func (s *service) lazyRootfs(ctx context.Context, spec *sandbox.Spec) error {
 	if !lazyroot.IsSource(ref) {
 		return errInvalid("container %s: annotation %s=%q: want registry:HOST/REPO[:TAG|@DIGEST]", spec.ID, config.AnnotationLazyImage, ref)
 	}
-	lazy, err := lazyroot.Open(ctx, ref, lazyroot.ConfigOptions(spec.Config, func(format string, args ...any) { s.log(spec.ID).Infof(format, args...) }))
+	lazy, err := lazyroot.Open(ctx, ref, lazyroot.ConfigOptions(spec.Config, s.logf(spec.ID)))
 	if err != nil {
 		return toStatus(fmt.Errorf("container %s: annotation %s: %w", spec.ID, config.AnnotationLazyImage, err))
 	}
@@ -34,4 +35,53 @@ func (s *service) lazyRootfs(ctx context.Context, spec *sandbox.Spec) error {
 	spec.Rootfs = config.Rootfs{Kind: config.RootfsImage, ImageRef: ref}
 	spec.Backend = config.SharedFSImagefsBlk
 	return nil
+}
+
+// remoteSandboxRootfs serves the pod's first container, whose rootfs the
+// kata-fsx snapshotter left remote, from the lazy store when the policy
+// puts the pod on imagefs-blk; on virtio-fs the rootfs mount materializes
+// the layers instead (mountRootfs).
+func (s *service) remoteSandboxRootfs(ctx context.Context, spec *sandbox.Spec, remote *remoteRootfs) error {
+	d, err := config.Decide(spec.Config, config.Pod{Annotations: spec.Annotations, Rootfs: spec.Rootfs})
+	if err != nil {
+		return errInvalid("container %s: %v", spec.ID, err)
+	}
+	if d.Backend != config.SharedFSImagefsBlk {
+		return nil
+	}
+	idx, lazy, err := s.remoteLazyRootfs(ctx, spec.ID, d.Config, remote)
+	if err != nil {
+		return toStatus(err)
+	}
+	if lazy != nil {
+		spec.RootfsIndex, spec.RootfsLazy = idx, lazy
+		spec.Rootfs = config.Rootfs{Kind: config.RootfsImage, ImageRef: lazyroot.Prefix + remote.topRef()}
+	}
+	return nil
+}
+
+// remoteLazyRootfs opens the remote rootfs's image for an imagefs-blk disk.
+// When the rootfs is not that image alone, its remote layers are
+// materialized instead and lazy is nil: the disk is then built from the
+// layer directories like any overlay rootfs.
+func (s *service) remoteLazyRootfs(ctx context.Context, cid string, cfg *config.Config, remote *remoteRootfs) (*index.Index, sandbox.LazyRootfs, error) {
+	logf := s.logf(cid)
+	root, why, err := remote.openLazy(ctx, cfg, logf)
+	if err != nil {
+		return nil, nil, fmt.Errorf("container %s: %w", cid, err)
+	}
+	if root != nil {
+		s.log(cid).Infof("rootfs: remote layers of %s read lazily on imagefs-blk (indexes: %s)", remote.topRef(), root.Image.IndexSource)
+		return root.Tree, root, nil
+	}
+	s.log(cid).Infof("rootfs: materializing its remote layers: %s", why)
+	if _, err := remote.materialize(ctx, logf); err != nil {
+		return nil, nil, fmt.Errorf("container %s: %w", cid, err)
+	}
+	return nil, nil, nil
+}
+
+// logf logs a container's progress lines at info level.
+func (s *service) logf(cid string) func(string, ...any) {
+	return func(format string, args ...any) { s.log(cid).Infof(format, args...) }
 }

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -8,13 +9,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/content/layerdir"
 	"github.com/kata-fsx/kata-fsx/mount"
 )
 
 // mountRootfs mounts containerd's rootfs mounts (an overlay or a bind
 // snapshot) onto target, the bundle's rootfs directory, for the shared
 // directory backends.
-func mountRootfs(mounts []config.Mount, target string) error {
+func mountRootfs(ctx context.Context, mounts []config.Mount, target string, logf func(string, ...any)) error {
 	if err := os.MkdirAll(target, 0o711); err != nil {
 		return fmt.Errorf("rootfs directory: %w", err)
 	}
@@ -22,6 +24,14 @@ func mountRootfs(mounts []config.Mount, target string) error {
 		return fmt.Errorf("rootfs: %d mounts; kata-fsx mounts exactly one (overlay or bind)", len(mounts))
 	}
 	m := mounts[0]
+	if m.Type == layerdir.MountType {
+		// The kata-fsx snapshotter's remote layers: materialized from the
+		// node's lazy store, then an ordinary overlay.
+		if err := layerdir.Mount(ctx, m.Source, target, m.Options, logf); err != nil {
+			return fmt.Errorf("mount %s rootfs on %s: %w", m.Type, target, err)
+		}
+		return nil
+	}
 	flags, data := mount.ParseOptions(m.Options)
 	typ := m.Type
 	if flags&unix.MS_BIND != 0 {

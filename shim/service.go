@@ -27,6 +27,7 @@ import (
 
 	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/content/lazyroot"
 	"github.com/kata-fsx/kata-fsx/sandbox"
 )
 
@@ -165,8 +166,16 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 	for _, m := range r.Rootfs {
 		mounts = append(mounts, config.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
 	}
+	remote, isRemote, err := parseRemoteRootfs(mounts)
+	if err != nil {
+		return nil, errInvalid("container %s: %v", r.ID, err)
+	}
+	policyMounts := mounts
+	if isRemote {
+		policyMounts = remote.policyMounts()
+	}
 	rootfsDir := bundleRootfs(r.Bundle, spec, len(mounts) > 0)
-	rootfs := config.RootfsFromMounts(mounts, rootfsDir)
+	rootfs := config.RootfsFromMounts(policyMounts, rootfsDir)
 	defer func() {
 		if err != nil && c.rootfsMounted {
 			if uerr := unmountRootfs(rootfsDir); uerr != nil {
@@ -183,7 +192,7 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 		if podGroup(r.ID, spec.Annotations) != r.ID || r.ID != s.opts.group {
 			return nil, errPrecondition("container %s: pod %s has no sandbox in this shim", r.ID, s.opts.group)
 		}
-		if sb, err = s.createSandbox(ctx, r, spec, rootfs); err != nil {
+		if sb, err = s.createSandbox(ctx, r, spec, rootfs, remote); err != nil {
 			return nil, toStatus(err)
 		}
 		owns = true
@@ -201,12 +210,21 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 		return nil, toStatus(err)
 	}
 	if sb.Decision.Backend != config.SharedFSImagefsBlk && len(mounts) > 0 {
-		if err := mountRootfs(mounts, rootfsDir); err != nil {
+		if err := mountRootfs(ctx, mounts, rootfsDir, s.logf(r.ID)); err != nil {
 			return nil, toStatus(fmt.Errorf("container %s: %w", r.ID, err))
 		}
 		c.rootfsMounted = true
 	}
-	if err := sb.CreateContainer(ctx, sandbox.ContainerSpec{ID: r.ID, RootfsDir: rootfsDir, Rootfs: rootfs, OCI: spec}); err != nil {
+	cspec := sandbox.ContainerSpec{ID: r.ID, RootfsDir: rootfsDir, Rootfs: rootfs, OCI: spec}
+	if !owns && isRemote && sb.Decision.Backend == config.SharedFSImagefsBlk {
+		if cspec.RootfsIndex, cspec.RootfsLazy, err = s.remoteLazyRootfs(ctx, r.ID, sb.Decision.Config, remote); err != nil {
+			return nil, toStatus(err)
+		}
+		if cspec.RootfsLazy != nil {
+			cspec.Rootfs = config.Rootfs{Kind: config.RootfsImage, ImageRef: lazyroot.Prefix + remote.topRef()}
+		}
+	}
+	if err := sb.CreateContainer(ctx, cspec); err != nil {
 		if !owns {
 			// Release the rootfs share; the pod and its other containers stay.
 			if rerr := sb.RemoveContainer(context.Background(), r.ID, 5*time.Second); rerr != nil {
@@ -235,7 +253,7 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 // createSandbox boots the pod VM for its first container. The VM lives
 // with the server, not the request, but a request cancelled during the
 // boot aborts it.
-func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskRequest, spec *specs.Spec, rootfs config.Rootfs) (*sandbox.Sandbox, error) {
+func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskRequest, spec *specs.Spec, rootfs config.Rootfs, remote *remoteRootfs) (*sandbox.Sandbox, error) {
 	cfgPath, err := configPathOption(r.Options)
 	if err != nil {
 		return nil, errInvalid("container %s: %v", r.ID, err)
@@ -262,6 +280,12 @@ func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskReques
 	if err := s.lazyRootfs(ctx, &sbSpec); err != nil {
 		sbCancel()
 		return nil, err
+	}
+	if remote != nil && sbSpec.RootfsLazy == nil {
+		if err := s.remoteSandboxRootfs(ctx, &sbSpec, remote); err != nil {
+			sbCancel()
+			return nil, err
+		}
 	}
 	sb, err := sandbox.New(sbCtx, sbSpec)
 	close(booted)
