@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"path/filepath"
 )
 
@@ -44,4 +45,19 @@ func validateSnapshotter(s *Snapshotter, add func(*Error)) {
 		add(&Error{Key: "kata_fsx.snapshotter.address", Value: s.Address, Problem: "longer than a unix socket path may be (107 bytes)",
 			Fix: "use " + DefaultSnapshotterAddress + " (the default) or another short path"})
 	}
+}
+
+// ValidateSnapshotter checks what `kata-fsx snapshotter` uses of c: the
+// [kata_fsx.snapshotter] and [kata_fsx.registry] tables, naming each bad
+// key. (Validate checks the whole file against the host, VM keys too.)
+func ValidateSnapshotter(c *Config) error {
+	var errs []error
+	add := func(e *Error) { errs = append(errs, e) }
+	validateSnapshotter(&c.KataFSX.Snapshotter, add)
+	validateRegistry(&c.KataFSX.Registry, add)
+	if c.KataFSX.ImagefsBlk.StateDir == "" || !filepath.IsAbs(c.KataFSX.ImagefsBlk.StateDir) {
+		add(&Error{Key: "kata_fsx.imagefs_blk.state_dir", Value: c.KataFSX.ImagefsBlk.StateDir, Problem: "must be an absolute path",
+			Fix: "use /var/lib/kata-fsx/imagefs-blk (the default): the node store of remote layers is under it"})
+	}
+	return errors.Join(errs...)
 }
