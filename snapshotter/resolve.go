@@ -25,6 +25,8 @@ const (
 // resolve and share its result.
 type resolver struct {
 	opts lazyimage.Options
+	// life ends with the snapshotter: resolves in flight stop.
+	life context.Context
 
 	mu     sync.Mutex
 	images map[string]*resolve // by HOST/REPO@MANIFEST
@@ -38,8 +40,8 @@ type resolve struct {
 	err  error
 }
 
-func newResolver(opts lazyimage.Options) *resolver {
-	return &resolver{opts: opts, images: make(map[string]*resolve)}
+func newResolver(life context.Context, opts lazyimage.Options) *resolver {
+	return &resolver{opts: opts, life: life, images: make(map[string]*resolve)}
 }
 
 // get returns ref's image, resolving it unless a resolve of it is done or
@@ -63,7 +65,7 @@ func (r *resolver) get(ctx context.Context, ref registry.Reference) (*lazyimage.
 }
 
 func (r *resolver) run(key string, ref registry.Reference, c *resolve) {
-	ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
+	ctx, cancel := context.WithTimeout(r.life, resolveTimeout)
 	defer cancel()
 	c.img, c.err = lazyimage.Resolve(ctx, r.opts, ref)
 	r.mu.Lock()

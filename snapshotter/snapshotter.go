@@ -72,6 +72,7 @@ type Snapshotter struct {
 	storeDir   string // the node store's directory (store.Options.Dir)
 	logf       func(format string, args ...any)
 	resolver   *resolver
+	cancel     context.CancelFunc // ends the resolver's resolves
 
 	// layers orders a remote layer's commit against the release of its
 	// store files by the Remove of its last snapshot.
@@ -104,6 +105,7 @@ func New(o Options) (*Snapshotter, error) {
 		logf = func(string, ...any) {}
 	}
 	lo := lazyroot.ConfigOptions(o.Config, logf)
+	life, cancel := context.WithCancel(context.Background())
 	s := &Snapshotter{
 		inner:      inner,
 		ms:         ms,
@@ -112,7 +114,8 @@ func New(o Options) (*Snapshotter, error) {
 		configPath: o.Config.Path,
 		storeDir:   filepath.Join(lo.StateDir, "content"),
 		logf:       logf,
-		resolver: newResolver(lazyimage.Options{Client: lazyimage.ClientFromConfig(lo.Registry), MaxEntries: lo.MaxEntries,
+		cancel:     cancel,
+		resolver: newResolver(life, lazyimage.Options{Client: lazyimage.ClientFromConfig(lo.Registry), MaxEntries: lo.MaxEntries,
 			CacheDir: filepath.Join(lo.StateDir, "indexes"), Logf: logf}),
 	}
 	return s, nil
@@ -147,8 +150,11 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 	return nil
 }
 
-// Close closes the metadata database.
-func (s *Snapshotter) Close() error { return s.inner.Close() }
+// Close stops the resolves in flight and closes the metadata database.
+func (s *Snapshotter) Close() error {
+	s.cancel()
+	return s.inner.Close()
+}
 
 // Prepare makes an active snapshot; for a layer CRI pulls it makes the
 // committed remote snapshot instead and returns errdefs.ErrAlreadyExists.

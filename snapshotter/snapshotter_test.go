@@ -149,14 +149,13 @@ func hostsDir(t *testing.T, hosts ...string) string {
 // env is a snapshotter under test, served on a socket and driven through
 // containerd's own proxy client.
 type env struct {
-	t      *testing.T
-	cfg    *config.Config
-	root   string
-	sock   string
-	logs   *logs
-	sn     snapshots.Snapshotter
-	stop   func()
-	remote bool
+	t    *testing.T
+	cfg  *config.Config
+	root string
+	sock string
+	logs *logs
+	sn   snapshots.Snapshotter
+	stop func()
 }
 
 func newEnv(t *testing.T, hosts string) *env {
