@@ -12,6 +12,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -637,6 +638,42 @@ func TestFallback(t *testing.T) {
 	}
 	if !e.logs.has(layer.String(), snapshotters.TargetManifestDigestLabel) {
 		t.Errorf("no log line naming the missing label:\n%s", e.logs)
+	}
+
+	// A zstd image: the lazy-read index cannot read it.
+	reg := registrytest.Start(t, registrytest.Options{})
+	li := lazyimagetest.Write(t, "v1", []lazyimagetest.Layer{{Files: []lazyimagetest.File{{Name: "f", Data: []byte("zstd\n")}}}})
+	testenv.Tool(t, "skopeo", "skopeo")
+	if out, err := exec.Command("skopeo", "--insecure-policy", "copy", "--dest-tls-verify=false", "--dest-compress-format", "zstd",
+		"oci:"+li.Dir+":v1", "docker://"+reg.Addr+"/snap/zstd:v1").CombinedOutput(); err != nil {
+		t.Fatalf("skopeo: %v\n%s", err, out)
+	}
+	e.cfg.KataFSX.Registry.ConfigPath = hostsDir(t, reg.Addr)
+	e.stop()
+	e.start()
+	c := registry.New(registry.Options{ConfigPath: e.cfg.KataFSX.Registry.ConfigPath})
+	zref, err := registry.ParseReference(reg.Addr + "/snap/zstd:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	zm, zdesc, err := c.ImageManifest(ctx, zref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(zm.Layers[0].MediaType, "zstd") {
+		t.Fatalf("pushed layer %s, want zstd", zm.Layers[0].MediaType)
+	}
+	zl := map[string]string{
+		LabelRef:                               digest.FromString("zstd chain").String(),
+		snapshotters.TargetRefLabel:            zref.String(),
+		snapshotters.TargetManifestDigestLabel: zdesc.Digest.String(),
+		snapshotters.TargetLayerDigestLabel:    zm.Layers[0].Digest.String(),
+	}
+	if m, err := e.sn.Prepare(ctx, "extract-zstd", "", snapshots.WithLabels(zl)); err != nil || m[0].Type != "bind" {
+		t.Fatalf("Prepare of a zstd layer: %+v, %v; want an ordinary active snapshot", m, err)
+	}
+	if !e.logs.has(zm.Layers[0].Digest.String(), "downloaded by containerd", "zstd") {
+		t.Errorf("no log line naming the zstd layer and why:\n%s", e.logs)
 	}
 
 	// remote = false: CRI's labels are ignored.
