@@ -27,6 +27,7 @@ Commands:
   run      boot a one-off pod VM and run a command in it (see kata-fsx run -h)
   exec     run a command in a pod left running by run --keep
   bench    compare the filesystem backends side by side (see kata-fsx bench -h)
+  snapshotter  serve containerd's proxy snapshotter with remote (lazy) layers (see docs/snapshotter.md)
   version  print the version
 
 Run 'kata-fsx COMMAND -h' for a command's options.
@@ -62,6 +63,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runRun(ctx, args[1:], stdout, stderr, config.DevPath())
 	case "exec":
 		return runExec(ctx, args[1:], stdout, stderr, config.DevPath())
+	case "snapshotter":
+		return runSnapshotter(ctx, args[1:], stdout, stderr)
 	case "bench":
 		return bench.Main(ctx, args[1:], stdout, stderr, config.DevPath())
 	case "version", "--version":

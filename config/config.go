@@ -157,12 +157,13 @@ func (b ImagefsBlk) Budgets() (entries int, layerBytes, metadataBytes, buildMemo
 type KataFSX struct {
 	// SharedFS, when set, overrides hypervisor.qemu.shared_fs so that the
 	// Kata table can keep a value Kata itself accepts.
-	SharedFS       string     `toml:"shared_fs"`
-	Accelerator    string     `toml:"accelerator"`
-	AgentTransport string     `toml:"agent_transport"`
-	StateDir       string     `toml:"state_dir"`
-	ImagefsBlk     ImagefsBlk `toml:"imagefs_blk"`
-	Registry       Registry   `toml:"registry"`
+	SharedFS       string      `toml:"shared_fs"`
+	Accelerator    string      `toml:"accelerator"`
+	AgentTransport string      `toml:"agent_transport"`
+	StateDir       string      `toml:"state_dir"`
+	ImagefsBlk     ImagefsBlk  `toml:"imagefs_blk"`
+	Registry       Registry    `toml:"registry"`
+	Snapshotter    Snapshotter `toml:"snapshotter"`
 }
 
 type hypervisorTable struct {
@@ -240,6 +241,7 @@ func Default() *Config {
 			AgentTransport: TransportAuto,
 			StateDir:       "/run/kata-fsx",
 			Registry:       DefaultRegistry(),
+			Snapshotter:    DefaultSnapshotter(),
 			ImagefsBlk: ImagefsBlk{
 				StateDir:       "/var/lib/kata-fsx/imagefs-blk",
 				WritableSizeMB: 1024,

@@ -84,6 +84,18 @@ func newLayer(s *Store, ix *lazyindex.Index, f Fetcher) (*layer, error) {
 }
 
 func (l *layer) openFiles() error {
+	for try := 0; ; try++ {
+		err := l.openFilesOnce()
+		if !errors.Is(err, errRemoved) || try == 3 {
+			return err
+		}
+		// RemoveLayer unlinked the files between our opening and our
+		// lock: open the new ones.
+		l.close()
+	}
+}
+
+func (l *layer) openFilesOnce() error {
 	hex, _ := blobHex(l.ix.Digest)
 	base := filepath.Join(l.s.opts.Dir, "layers", hex)
 	var err error
@@ -100,6 +112,9 @@ func (l *layer) openFiles() error {
 		return fmt.Errorf("lock %s: %w", l.cmap.Name(), err)
 	}
 	defer unlock()
+	if unlinked(l.data) || unlinked(l.cmap) {
+		return errRemoved
+	}
 	want := make([]byte, mapHeaderSize)
 	copy(want, mapMagic)
 	binary.LittleEndian.PutUint32(want[8:], mapVersion)

@@ -1,0 +1,85 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sys/unix"
+)
+
+// RemoveLayer deletes the node disk tier's files of the layer blob from
+// dir (a Store's Options.Dir), releasing its space. It takes the locks a
+// Store takes: the chunk map's header lock, which a Store holds while it
+// opens and checks a layer's files, then a lock of the whole data file,
+// which waits out every fetch writing chunks; both files are unlinked
+// under them. A Store opening the layer meanwhile finds its files gone
+// once it holds the header lock and opens new ones, so it never pairs a
+// removed data file with a new chunk map. A Store that had the layer open
+// before keeps reading and writing its (now unlinked) files, consistent
+// with each other, until it closes them; their space is freed then.
+// A layer with no files is not an error.
+func RemoveLayer(dir string, blob digest.Digest) error {
+	hex, err := blobHex(string(blob))
+	if err != nil {
+		return fmt.Errorf("content store: remove layer %q: %w", blob, err)
+	}
+	base := filepath.Join(dir, "layers", hex)
+	ctx, cancel := context.WithTimeout(context.Background(), initLockWait)
+	defer cancel()
+	cmap, err := os.OpenFile(base+".chunks", os.O_RDWR, 0)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// No chunk map claims anything in a data file left alone (a
+		// crash between the two creations): it is dead bytes.
+		if err := os.Remove(base + ".data"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("content store: remove layer %s: %w", blob, err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("content store: remove layer %s: %w", blob, err)
+	}
+	defer cmap.Close()
+	unlock, err := lockRange(ctx, cmap, 0, mapHeaderSize)
+	if err != nil {
+		return fmt.Errorf("content store: remove layer %s: %w", blob, err)
+	}
+	defer unlock()
+	data, err := os.OpenFile(base+".data", os.O_RDWR, 0)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return fmt.Errorf("content store: remove layer %s: %w", blob, err)
+	default:
+		defer data.Close()
+		// Len 0 locks to the end of the file and beyond: every chunk.
+		unlockData, err := lockRange(ctx, data, 0, 0)
+		if err != nil {
+			return fmt.Errorf("content store: remove layer %s: a fetch holds its chunks: %w", blob, err)
+		}
+		defer unlockData()
+	}
+	var errs []error
+	for _, p := range []string{base + ".chunks", base + ".data"} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("content store: remove layer %s: %w", blob, err)
+	}
+	return nil
+}
+
+// errRemoved: a layer's files were removed while a Store was opening them.
+var errRemoved = errors.New("layer files removed while opening them")
+
+// unlinked reports whether f's file has no name left (RemoveLayer).
+func unlinked(f *os.File) bool {
+	var st unix.Stat_t
+	return unix.Fstat(int(f.Fd()), &st) == nil && st.Nlink == 0
+}
