@@ -43,7 +43,7 @@ func (w *eventWatch) Write(p []byte) (int, error) {
 func (ce *containerdEnv) watchEvents(t *testing.T) *eventWatch {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &eventWatch{}
-	cmd := exec.CommandContext(ctx, "/usr/bin/ctr", "-a", ce.sock, "events")
+	cmd := exec.CommandContext(ctx, containerdBin("ctr"), "-a", ce.sock, "events")
 	cmd.Stdout = w
 	if err := cmd.Start(); err != nil {
 		cancel()

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/test/registrytest"
-	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // buildShim builds bin/containerd-shim-kata-fsx-v2 once per test binary run.
@@ -42,6 +41,8 @@ type containerdEnv struct {
 	cmd   *exec.Cmd
 	log   *bytes.Buffer
 	logMu *sync.Mutex
+	// version is the containerd it runs (KATA_FSX_CONTAINERD's, else Debian's).
+	version containerdVersion
 }
 
 type lockedWriter struct {
@@ -62,11 +63,7 @@ func newContainerdEnv(t *testing.T) *containerdEnv {
 // newContainerdEnvFor is newContainerdEnv whose pods boot with the
 // configuration of the env newEnv makes.
 func newContainerdEnvFor(t *testing.T, newEnv func() *env) *containerdEnv {
-	for _, b := range []string{"/usr/bin/containerd", "/usr/bin/ctr"} {
-		if _, err := os.Stat(b); err != nil {
-			testenv.Missing(t, "%s missing (apt-get install containerd): %v", b, err)
-		}
-	}
+	v := containerdUnderTest(t)
 	e := newEnv()
 	shim, err := buildShim()
 	if err != nil {
@@ -79,32 +76,17 @@ func newContainerdEnvFor(t *testing.T, newEnv func() *env) *containerdEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.Remove(sockDir) })
-	ce := &containerdEnv{env: e, sock: filepath.Join(e.dir, "containerd.sock"), log: &bytes.Buffer{}, logMu: &sync.Mutex{}}
-	cfg := fmt.Sprintf(`version = 2
-root = "%[1]s/root"
-state = "%[1]s/state"
-
-[grpc]
-  address = "%[2]s"
-
-[debug]
-  level = "debug"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  stream_server_port = "0"
-[plugins."io.containerd.grpc.v1.cri".containerd]
-  default_runtime_name = "kata-fsx"
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata-fsx]
-  runtime_type = "io.containerd.kata-fsx.v2"
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata-fsx.options]
-  ConfigPath = "%[3]s"
-`, e.dir, ce.sock, e.config)
+	ce := &containerdEnv{env: e, sock: filepath.Join(e.dir, "containerd.sock"), log: &bytes.Buffer{}, logMu: &sync.Mutex{}, version: v}
+	cfg, err := containerdConfig{dir: e.dir, sock: ce.sock, kataConfig: e.config}.render(v)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfgPath := filepath.Join(e.dir, "containerd.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("/usr/bin/containerd", "--config", cfgPath)
-	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(shim)+":"+os.Getenv("PATH"), "KATA_FSX_SHIM_SOCKET_DIR="+sockDir)
+	cmd := exec.Command(containerdBin("containerd"), "--config", cfgPath)
+	cmd.Env = append(os.Environ(), containerdPATH(filepath.Dir(shim)), "KATA_FSX_SHIM_SOCKET_DIR="+sockDir)
 	cmd.Stdout = lockedWriter{ce.logMu, ce.log}
 	cmd.Stderr = lockedWriter{ce.logMu, ce.log}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -152,7 +134,7 @@ state = "%[1]s/state"
 	})
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if out, err := exec.Command("/usr/bin/ctr", "-a", ce.sock, "version").CombinedOutput(); err == nil {
+		if out, err := exec.Command(containerdBin("ctr"), "-a", ce.sock, "version").CombinedOutput(); err == nil {
 			break
 		} else if time.Now().After(deadline) {
 			t.Fatalf("containerd did not come up: %v\n%s\n%s", err, out, ce.logTail(4000))
@@ -199,7 +181,7 @@ func (ce *containerdEnv) ctr(ctx context.Context, args ...string) result {
 // ctrIn is ctr with stdin.
 func (ce *containerdEnv) ctrIn(ctx context.Context, stdin io.Reader, args ...string) result {
 	ce.t.Helper()
-	cmd := exec.CommandContext(ctx, "/usr/bin/ctr", append([]string{"-a", ce.sock, "-n", "test"}, args...)...)
+	cmd := exec.CommandContext(ctx, containerdBin("ctr"), append([]string{"-a", ce.sock, "-n", "test"}, args...)...)
 	cmd.Stdin = stdin
 	return runCmd(ce.t, cmd)
 }
