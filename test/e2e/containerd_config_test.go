@@ -96,6 +96,10 @@ func (c containerdConfig) render(v containerdVersion) (string, error) {
 			w("[%s]", runtimeTable)
 		}
 		w("  disable_apparmor = true")
+		// A runc pod's pause gets oom_score_adj -998, which needs
+		// CAP_SYS_RESOURCE: hosts (CI containers) without it must keep
+		// containerd's own score as the floor.
+		w("  restrict_oom_score_adj = true")
 	}
 	if v.Major >= 2 && c.cri {
 		w("[plugins.'io.containerd.cri.v1.images']")
