@@ -61,10 +61,11 @@ test: build guest guest-image containerd
 # joining a pod, a refused create and annotation, the VM or the shim
 # killed, a terminal, stats/pause/update, a network namespace) and the
 # runtime introspection (TestContainerdVersion); CRI: pods on both
-# backends, a runc pod beside them, CNI networking, a terminal, limits.
+# backends, a runc pod beside them, CNI networking, a terminal, limits,
+# newCRIEnvWith's settings; the version's deploy/containerd/ snippet.
 # Left to Debian's 1.6 run: the image, block, lazy, volume, hotplug,
 # stream and guest-image tests, whose code paths do not involve containerd.
-CONTAINERD_E2E ?= ^(TestContainerdVersion|TestShimContainerdRun|TestShimContainerdExecKillDelete|TestShimContainerdPodJoin|TestShimContainerdCreateRefused|TestShimRefusesDaemonLooseningAnnotation|TestShimContainerdVMDeath|TestShimContainerdDeadShim|TestShimContainerdTerminal|TestLimitsStatsPauseUpdate|TestNetworkCtrWithNS|TestCRIPods|TestCRIRuncBeside|TestNetworkCRIWithCNI|TestCRITerminal|TestLimitsCRI)$$
+CONTAINERD_E2E ?= ^(TestContainerdVersion|TestCRIEnvOptions|TestDeployContainerdSnippet|TestShimContainerdRun|TestShimContainerdExecKillDelete|TestShimContainerdPodJoin|TestShimContainerdCreateRefused|TestShimRefusesDaemonLooseningAnnotation|TestShimContainerdVMDeath|TestShimContainerdDeadShim|TestShimContainerdTerminal|TestLimitsStatsPauseUpdate|TestNetworkCtrWithNS|TestCRIPods|TestCRIRuncBeside|TestNetworkCRIWithCNI|TestCRITerminal|TestLimitsCRI)$$
 
 # containerd 1.7 and 2.x daemons (containerd, ctr, containerd-shim-runc-v2)
 # built from their Go modules into build/containerd/<version>/, for the

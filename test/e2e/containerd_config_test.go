@@ -13,8 +13,11 @@ type criOptions struct {
 	// the unix socket path their gRPC snapshots service listens on.
 	ProxySnapshotters map[string]string
 	// RuntimeSnapshotter is the snapshotter of both runtime handlers
-	// (kata-fsx and runc): CRI pulls and unpacks a pod's images with it.
-	// containerd 1.7 and newer only (1.6 has no such key).
+	// (kata-fsx and runc): their containers' rootfs come from it, and CRI
+	// pulls with it when the pull names the handler (1.7: the sandbox
+	// config's io.containerd.cri.runtime-handler annotation; 2.x: the
+	// ImageSpec's runtime_handler, or that annotation). containerd 1.7
+	// and newer only (1.6 has no such key).
 	RuntimeSnapshotter string
 	// SnapshotAnnotations makes CRI pass its containerd.io/snapshot/cri.*
 	// labels (image reference, layer digest, ...) to snapshotters, as
@@ -79,6 +82,11 @@ func (c containerdConfig) render(v containerdVersion) (string, error) {
 	if c.cri {
 		w("[plugins.%s]\n  path = %s", str("io.containerd.internal.v1.opt"), str(c.dir+"/opt"))
 	}
+	if v.Major >= 2 {
+		// 2.x enables NRI by default, whose socket is one per host
+		// (/var/run/nri/nri.sock): not for a test's containerd.
+		w("[plugins.%s]\n  disable = true", str("io.containerd.nri.v1.nri"))
+	}
 	// The CRI server's stream server: a port of the kernel's choosing, as
 	// tests run side by side. 1.x keeps every CRI setting in this table.
 	w("[plugins.%s]", str("io.containerd.grpc.v1.cri"))
@@ -107,6 +115,16 @@ func (c containerdConfig) render(v containerdVersion) (string, error) {
 			w("  disable_snapshot_annotations = false")
 		}
 		w("[plugins.'io.containerd.cri.v1.images'.pinned_images]\n  sandbox = %s", str(criPauseImage))
+		// 2.x pulls and unpacks with the snapshotter of the images
+		// plugin's runtime_platforms entry for the pull's runtime handler
+		// (CRI's ImageSpec.runtime_handler, or the sandbox's
+		// io.containerd.cri.runtime-handler annotation); the runtime
+		// handler's own key is what the container's rootfs comes from.
+		if o.RuntimeSnapshotter != "" {
+			for _, h := range []string{"runc", criRuntime} {
+				w("[plugins.'io.containerd.cri.v1.images'.runtime_platforms.%s]\n  snapshotter = %s", h, str(o.RuntimeSnapshotter))
+			}
+		}
 	}
 	if c.cri {
 		binDir := "bin_dir = " + str(c.dir+"/cni/bin")

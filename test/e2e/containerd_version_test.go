@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
 	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
@@ -209,4 +211,58 @@ func (ce *containerdEnv) logErrors(word string) []string {
 		}
 	}
 	return out
+}
+
+// TestCRIEnvOptions: the settings newCRIEnvWith writes in each version's
+// configuration format are the ones the CRI plugin runs with: a proxy
+// snapshotter plugin loads, and (1.7 and newer) both runtime handlers
+// carry their snapshotter. (No pod uses the snapshotter here; its
+// socket need not be served for containerd to load the plugin.)
+func TestCRIEnvOptions(t *testing.T) {
+	v := containerdUnderTest(t)
+	o := criOptions{ProxySnapshotters: map[string]string{"kfs-test": "/run/kata-fsx-test-none.sock"}, SnapshotAnnotations: true}
+	if !v.AtLeast(1, 7) {
+		_, err := containerdConfig{cri: true, opts: criOptions{RuntimeSnapshotter: "kfs-test"}}.render(v)
+		if err == nil || !strings.Contains(err.Error(), "1.7 or newer") {
+			t.Fatalf("containerd %s: a runtime snapshotter rendered (%v), want a refusal naming 1.7", v, err)
+		}
+	} else {
+		o.RuntimeSnapshotter = "kfs-test"
+	}
+	c := newCRIEnvWith(t, o)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if p := c.ctr(ctx, "plugins", "ls"); !regexp.MustCompile(`(?m)^io\.containerd\.snapshotter\.v1\s+kfs-test\s+\S+\s+ok`).MatchString(p.stdout) {
+		t.Errorf("the proxy snapshotter kfs-test is not loaded:\n%s", p.stdout)
+	}
+	st, err := c.rt.Status(ctx, &runtimeapi.StatusRequest{Verbose: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Containerd struct {
+			Runtimes map[string]struct {
+				Snapshotter string `json:"snapshotter"`
+			} `json:"runtimes"`
+			DisableSnapshotAnnotations *bool `json:"disableSnapshotAnnotations"`
+		} `json:"containerd"`
+	}
+	if err := json.Unmarshal([]byte(st.Info["config"]), &cfg); err != nil {
+		t.Fatalf("CRI status config: %v\n%s", err, st.Info["config"])
+	}
+	for _, h := range []string{"runc", criRuntime} {
+		if got := cfg.Containerd.Runtimes[h].Snapshotter; got != o.RuntimeSnapshotter {
+			t.Errorf("runtime handler %s: snapshotter %q, want %q", h, got, o.RuntimeSnapshotter)
+		}
+	}
+	// 1.x reports the CRI plugin's image settings with its own; 2.x
+	// moved them to the images plugin, whose per-handler snapshotter it
+	// logs at start-up.
+	if v.Major < 2 {
+		if d := cfg.Containerd.DisableSnapshotAnnotations; d == nil || *d {
+			t.Errorf("disable_snapshot_annotations = %v, want false:\n%s", d, st.Info["config"])
+		}
+	} else if !strings.Contains(c.logTail(1<<24), `for snapshotter \"kfs-test\"`) {
+		t.Errorf("the images plugin has no runtime platform with snapshotter kfs-test")
+	}
 }
