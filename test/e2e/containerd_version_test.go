@@ -165,6 +165,15 @@ func TestContainerdVersion(t *testing.T) {
 		if info.Name != "io.containerd.kata-fsx.v2" || info.Version.Version == "" {
 			t.Errorf("runtime info: name %q version %q, want io.containerd.kata-fsx.v2 and a version:\n%s", info.Name, info.Version.Version, r.stdout)
 		}
+		// CRI introspected the handler at start-up and logs why it
+		// found no features at debug level: the only reason must be
+		// that kata-fsx declares none (CRI then assumes none, rather
+		// than, say, recursive read-only mounts the guest may not do).
+		for _, l := range strings.Split(ce.logTail(1<<30), "\n") {
+			if strings.Contains(l, `failed to introspect features of runtime \"kata-fsx\"`) && !strings.Contains(l, "runtime info has no features") {
+				t.Errorf("CRI's introspection of kata-fsx failed: %s", l)
+			}
+		}
 	}
 	const id = "ver"
 	ce.startLongRunning(ctx, t, id, "imagefs-blk")
