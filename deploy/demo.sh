@@ -101,7 +101,7 @@ grep -Eq '^enable_annotations = .*"shared_fs' "$tmp/configuration.toml" ||
 grep -Eq '^enable_annotations = .*"shared_fs' "$tmp/configuration.toml" || die "could not enable the shared_fs annotation"
 
 # The private containerd registers kata-fsx for the CRI as
-# deploy/containerd/config-1.x.toml does; ctr run below names the runtime
+# deploy/containerd/config-1.6.toml does; ctr run below names the runtime
 # type itself and hands the shim the same ConfigPath.
 mkdir -p "$tmp/cni/net.d" "$tmp/cni/bin" "$tmp/opt"
 cat > "$tmp/containerd.toml" <<EOF

@@ -154,8 +154,9 @@ func ShimMain(args []string, stdout, stderr io.Writer, defaultConfig string) int
 			fmt.Fprintf(stderr, "containerd-shim-kata-fsx-v2 start: %v\n", err)
 			return 1
 		}
-		// containerd reads this line as the shim's address.
-		fmt.Fprint(stdout, addr)
+		// containerd reads this line as the shim's address, or (2.x)
+		// as the bootstrap parameters that select Task API v3.
+		fmt.Fprint(stdout, startResponse(ctx, f.address, addr))
 		return 0
 	case "delete":
 		resp, err := deleteShim(ctx, f, stderr)

@@ -26,7 +26,6 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/kata-fsx/kata-fsx/test/registrytest"
-	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // The CRI keeps its images and containers in this containerd namespace.
@@ -69,66 +68,41 @@ func (c *criEnv) trackShim(podID string) error {
 }
 
 // newCRIEnv starts containerd with the kata-fsx runtime handler, a locally
-// imported pause image as sandbox_image and an empty CNI configuration:
+// imported pause image as the sandbox image and an empty CNI configuration:
 // the pods use the host network, which needs no CNI plugin.
 func newCRIEnv(t *testing.T) *criEnv {
-	for _, b := range []string{"/usr/bin/containerd", "/usr/bin/ctr"} {
-		if _, err := os.Stat(b); err != nil {
-			testenv.Missing(t, "%s missing (apt-get install containerd): %v", b, err)
-		}
+	return newCRIEnvWith(t, criOptions{})
+}
+
+// newCRIEnvWith is newCRIEnv whose containerd has o's settings.
+func newCRIEnvWith(t *testing.T, o criOptions) *criEnv {
+	v := containerdUnderTest(t)
+	kataExtra := `enable_annotations = ["shared_fs"]`
+	if o.KataConfig != "" {
+		kataExtra += "\n" + o.KataConfig
 	}
-	e := newEnv(t, `enable_annotations = ["shared_fs"]`)
+	e := newEnv(t, kataExtra)
 	short := shortenEnv(t, e)
 	shim, err := buildShim()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ce := &containerdEnv{env: e, sock: filepath.Join(e.dir, "containerd.sock"), log: &bytes.Buffer{}, logMu: &sync.Mutex{}}
+	ce := &containerdEnv{env: e, sock: filepath.Join(e.dir, "containerd.sock"), log: &bytes.Buffer{}, logMu: &sync.Mutex{}, version: v}
 	for _, d := range []string{"cni/net.d", "cni/bin", "opt", "logs"} {
 		if err := os.MkdirAll(filepath.Join(e.dir, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// runc stays the default runtime, so a pod reaches kata-fsx only
-	// through its runtime handler. pod_annotations is what lets the
-	// per-pod shared_fs annotation through to the sandbox's OCI spec.
-	// AppArmor profiles would be loaded on the host for nothing: the
-	// workload runs in the guest.
-	cfg := fmt.Sprintf(`version = 2
-root = "%[1]s/root"
-state = "%[1]s/state"
-
-[grpc]
-  address = "%[2]s"
-
-[debug]
-  level = "debug"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "%[1]s/opt"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "%[4]s"
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  disable_apparmor = true
-[plugins."io.containerd.grpc.v1.cri".cni]
-  bin_dir = "%[1]s/cni/bin"
-  conf_dir = "%[1]s/cni/net.d"
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%[5]s]
-  runtime_type = "io.containerd.kata-fsx.v2"
-  pod_annotations = ["io.katacontainers.*"]
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%[5]s.options]
-  ConfigPath = "%[3]s"
-`, e.dir, ce.sock, e.config, criPauseImage, criRuntime)
+	cfg, err := containerdConfig{dir: e.dir, sock: ce.sock, kataConfig: e.config, cri: true, opts: o}.render(v)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfgPath := filepath.Join(e.dir, "containerd.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("/usr/bin/containerd", "--config", cfgPath)
-	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(shim)+":"+os.Getenv("PATH"))
+	cmd := exec.Command(containerdBin("containerd"), "--config", cfgPath)
+	cmd.Env = append(append(os.Environ(), containerdPATH(filepath.Dir(shim))), o.Env...)
 	cmd.Stdout = lockedWriter{ce.logMu, ce.log}
 	cmd.Stderr = lockedWriter{ce.logMu, ce.log}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -264,7 +238,7 @@ func (c *criEnv) cleanup(t *testing.T) {
 
 // ctrK8s runs ctr in the CRI's namespace.
 func (c *criEnv) ctrK8s(ctx context.Context, args ...string) (string, error) {
-	out, err := exec.CommandContext(ctx, "/usr/bin/ctr", append([]string{"-a", c.sock, "-n", criNamespace}, args...)...).CombinedOutput()
+	out, err := exec.CommandContext(ctx, containerdBin("ctr"), append([]string{"-a", c.sock, "-n", criNamespace}, args...)...).CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("ctr %s: %w", strings.Join(args, " "), err)
 	}

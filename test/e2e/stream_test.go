@@ -87,7 +87,7 @@ func TestShimExecStream100MiB(t *testing.T) {
 	in := newPatternReader(streamBytes)
 	out := &slowWriter{sum: sha256.New(), stallEvery: 16 << 20}
 	out.next = out.stallEvery
-	cmd := exec.CommandContext(ctx, "/usr/bin/ctr", "-a", ce.sock, "-n", "test", "tasks", "exec", "--exec-id", "cat", id, "/bin/cat")
+	cmd := exec.CommandContext(ctx, containerdBin("ctr"), "-a", ce.sock, "-n", "test", "tasks", "exec", "--exec-id", "cat", id, "/bin/cat")
 	cmd.Stdin, cmd.Stdout = in, out
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -134,7 +134,7 @@ func TestShimAgentKilledMidStream(t *testing.T) {
 	out.next = out.stallEvery
 	streamCtx, streamCancel := context.WithTimeout(ctx, 4*time.Minute)
 	defer streamCancel()
-	cmd := exec.CommandContext(streamCtx, "/usr/bin/ctr", "-a", ce.sock, "-n", "test", "tasks", "exec", "--exec-id", "cat", id, "/bin/cat")
+	cmd := exec.CommandContext(streamCtx, containerdBin("ctr"), "-a", ce.sock, "-n", "test", "tasks", "exec", "--exec-id", "cat", id, "/bin/cat")
 	cmd.Stdin, cmd.Stdout = newPatternReader(streamBytes), out
 	var stderr strings.Builder
 	cmd.Stderr = &stderr

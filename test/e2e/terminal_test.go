@@ -207,7 +207,7 @@ func (ce *containerdEnv) terminals(t *testing.T, runBackend, execBackend string)
 	t.Run("run", func(t *testing.T) {
 		const id = "ttyrun"
 		args := append(append([]string{"-t", "--rm"}, backend(runBackend)...), ce.image, id, "/bin/sh", "-c", terminalScript(50, 132))
-		cmd := exec.CommandContext(ctx, "/usr/bin/ctr", ctrArgs(ce.runArgs(args...)...)...)
+		cmd := exec.CommandContext(ctx, containerdBin("ctr"), ctrArgs(ce.runArgs(args...)...)...)
 		term := runOnTerminal(t, cmd, 24, 80)
 		term.waitFor(ctx, `size=24 80\r+\n`)
 		term.resize(50, 132)
@@ -232,7 +232,7 @@ func (ce *containerdEnv) terminals(t *testing.T, runBackend, execBackend string)
 		if st := ce.waitTaskStatus(ctx, id, "RUNNING"); st != "RUNNING" {
 			t.Fatalf("task %s is %q, want RUNNING", id, st)
 		}
-		cmd := exec.CommandContext(ctx, "/usr/bin/ctr", ctrArgs("tasks", "exec", "-t", "--exec-id", "sh1", id, "/bin/sh", "-c", terminalScript(40, 100))...)
+		cmd := exec.CommandContext(ctx, containerdBin("ctr"), ctrArgs("tasks", "exec", "-t", "--exec-id", "sh1", id, "/bin/sh", "-c", terminalScript(40, 100))...)
 		term := runOnTerminal(t, cmd, 30, 90)
 		term.waitFor(ctx, `size=30 90\r+\n`)
 		term.resize(40, 100)
