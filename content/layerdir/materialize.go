@@ -86,7 +86,7 @@ func Materialize(ctx context.Context, lower string, logf func(format string, arg
 	if exists(sd, MarkerName) {
 		return nil
 	}
-	m := &materializer{ctx: ctx, lower: lower, snap: snap, base: base, sd: sd, remote: r, logf: logf}
+	m := &materializer{ctx: ctx, lower: lower, snap: snap, base: base, sd: sd, remote: r, logf: logf, stage: stageName, marker: MarkerName}
 	if err := m.run(); err != nil {
 		// The stage is this run's: nothing of it stays for the next.
 		if rerr := os.RemoveAll(filepath.Join(snap, stageName)); rerr != nil {
@@ -142,6 +142,14 @@ type materializer struct {
 	remote Remote
 	logf   func(string, ...any)
 
+	// skeleton is set for a skeleton (see MaterializeSkeleton); stage and
+	// marker are the names of the tree being written and of the mark of
+	// the finished one.
+	skeleton      bool
+	stage, marker string
+	volumes       []string // the image's volumes, as index paths
+	left          int      // files a skeleton leaves out
+
 	img     *lazyimage.Image
 	layer   int // the layer's position in img
 	opts    lazyroot.Options
@@ -158,7 +166,11 @@ type materializer struct {
 }
 
 func (m *materializer) run() error {
-	if err := m.prepare(); err != nil {
+	if m.skeleton {
+		if err := m.prepareSkeleton(); err != nil {
+			return err
+		}
+	} else if err := m.prepare(); err != nil {
 		return err
 	}
 	if err := m.resolve(); err != nil {
@@ -325,7 +337,7 @@ func (m *materializer) lowerEntry(p string) (*index.Entry, error) {
 // commit syncs the stage, swaps it in for the fs directory and writes the
 // marker.
 func (m *materializer) commit() error {
-	if err := syncDir(m.sd, stageName, true); err != nil {
+	if err := syncDir(m.sd, m.stage, true); err != nil {
 		return err
 	}
 	if err := writeFileAt(m.sd, pendingName, nil); err != nil {
@@ -333,13 +345,13 @@ func (m *materializer) commit() error {
 	}
 	// rename(2) replaces an empty directory in one step (the fs directory
 	// was checked empty under the lock; a non-empty one fails it).
-	if err := unix.Renameat(m.sd, stageName, m.sd, m.base); err != nil {
+	if err := unix.Renameat(m.sd, m.stage, m.sd, m.base); err != nil {
 		return fmt.Errorf("swap the written tree in for %s: %w", m.lower, err)
 	}
 	if err := unix.Fsync(m.sd); err != nil {
 		return fmt.Errorf("sync %s: %w", m.snap, err)
 	}
-	if err := writeFileAt(m.sd, MarkerName, []byte(m.remote.Layer.String()+"\n")); err != nil {
+	if err := writeFileAt(m.sd, m.marker, []byte(m.remote.Layer.String()+"\n")); err != nil {
 		return err
 	}
 	if err := unix.Unlinkat(m.sd, pendingName, 0); err != nil && !errors.Is(err, unix.ENOENT) {

@@ -192,6 +192,23 @@ func parseOptions(options []string) (mountSpec, error) {
 	return s, nil
 }
 
+// setLowers replaces the overlay's lower directories (one lowerdir=
+// option in place of the lowerdir= and lowerdir+= ones).
+func (s *mountSpec) setLowers(lowers []string) {
+	data := []string{}
+	for _, o := range s.data {
+		if !strings.HasPrefix(o, "lowerdir=") && !strings.HasPrefix(o, "lowerdir+=") {
+			data = append(data, o)
+		}
+	}
+	esc := make([]string, len(lowers))
+	for i, l := range lowers {
+		esc[i] = escape(l)
+	}
+	s.data = append(data, "lowerdir="+strings.Join(esc, ":"))
+	s.lowers = lowers
+}
+
 func trunc(s string) string {
 	if len(s) > 200 {
 		return s[:120] + "..." + s[len(s)-60:]
@@ -219,7 +236,32 @@ func Mount(ctx context.Context, source, target string, options []string, logf fu
 	if s.bind {
 		layers = []string{source}
 	}
-	if err := materializeAll(ctx, layers, logf); err != nil {
+	if isTempMount(target) {
+		// containerd's own look into the rootfs (the user's groups, the
+		// image's volumes): skeletons, not the layers' whole data.
+		layers = append([]string(nil), layers...)
+		for i, l := range layers {
+			abs, err := filepath.Abs(l)
+			if err != nil {
+				return fmt.Errorf("layer %s: %w", l, err)
+			}
+			_, remote, err := ReadRemote(abs)
+			if err != nil {
+				return fmt.Errorf("layer %s: %w (remove the snapshot and pull the image again)", abs, err)
+			}
+			if !remote || Materialized(abs) {
+				continue
+			}
+			if layers[i], err = MaterializeSkeleton(ctx, abs, logf); err != nil {
+				return err
+			}
+		}
+		if s.bind {
+			source = layers[0]
+		} else {
+			s.setLowers(layers)
+		}
+	} else if err := materializeAll(ctx, layers, logf); err != nil {
 		return err
 	}
 	if s.bind {

@@ -39,7 +39,9 @@ func (m *materializer) writeStage(t *index.Index) (err error) {
 		e := &es[i]
 		switch {
 		case e.Type == index.TypeRegular:
-			m.total += e.Size
+			if !m.leaveOut(e.Path, e.Size) {
+				m.total += e.Size
+			}
 		case isLowerLink(e):
 			lowerLinks++
 			if le, err := m.lowerEntry(e.Linkname); err != nil {
@@ -52,19 +54,19 @@ func (m *materializer) writeStage(t *index.Index) (err error) {
 	if m.total >= progressMin {
 		m.logf("layer %s of %s: materializing %d entries, %s of file data", m.remote.Layer, m.remote.Ref, len(es), mib(m.total))
 	}
-	if err := unix.Mkdirat(m.sd, stageName, 0o700); err != nil {
-		return fmt.Errorf("create %s in %s: %w", stageName, m.snap, err)
+	if err := unix.Mkdirat(m.sd, m.stage, 0o700); err != nil {
+		return fmt.Errorf("create %s in %s: %w", m.stage, m.snap, err)
 	}
-	rootfd, err := unix.Openat(m.sd, stageName, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	rootfd, err := unix.Openat(m.sd, m.stage, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("open %s: %w", stageName, err)
+		return fmt.Errorf("open %s: %w", m.stage, err)
 	}
 	rootMeta, err := m.dirMeta(&es[0])
 	if err != nil {
 		unix.Close(rootfd)
 		return err
 	}
-	stack := []frame{{path: ".", fd: rootfd, pfd: m.sd, name: stageName, meta: rootMeta}}
+	stack := []frame{{path: ".", fd: rootfd, pfd: m.sd, name: m.stage, meta: rootMeta}}
 	defer func() {
 		for _, f := range stack {
 			unix.Close(f.fd)
@@ -82,6 +84,9 @@ func (m *materializer) writeStage(t *index.Index) (err error) {
 	// Copies of files of lower layers that hard links of this layer name,
 	// by their lower path: a second link to one becomes a link to the copy.
 	copied := map[string]string{}
+	// Files a skeleton leaves out, by path: hard links to them are left
+	// out too.
+	leftOut := map[string]bool{}
 	for i := 1; i < len(es); i++ {
 		if i&1023 == 0 {
 			if err := m.ctx.Err(); err != nil {
@@ -128,6 +133,12 @@ func (m *materializer) writeStage(t *index.Index) (err error) {
 			if le == nil || le.Type == index.TypeDir {
 				return fmt.Errorf("entry %q: hard link to %q, which is no file of the layers below", index.Trunc(e.Path), index.Trunc(e.Linkname))
 			}
+			if le.Type == index.TypeRegular && m.leaveOut(e.Path, le.Size) {
+				if err := m.writeLeftOut(pfd, name, e.Path); err != nil {
+					return err
+				}
+				continue
+			}
 			if first, ok := copied[le.Path]; ok {
 				if err := link(rootfd, first, pfd, name); err != nil {
 					return fmt.Errorf("entry %q: %w", index.Trunc(e.Path), err)
@@ -151,9 +162,18 @@ func (m *materializer) writeStage(t *index.Index) (err error) {
 				return err
 			}
 			copied[le.Path] = e.Path
+		case e.Type == index.TypeHardlink && leftOut[e.Linkname]:
+			if err := m.writeLeftOut(pfd, name, e.Path); err != nil {
+				return err
+			}
 		case e.Type == index.TypeHardlink:
 			if err := link(rootfd, e.Linkname, pfd, name); err != nil {
 				return fmt.Errorf("entry %q: %w", index.Trunc(e.Path), err)
+			}
+		case e.Type == index.TypeRegular && m.leaveOut(e.Path, e.Size):
+			leftOut[e.Path] = true
+			if err := m.writeLeftOut(pfd, name, e.Path); err != nil {
+				return err
 			}
 		case e.Type == index.TypeRegular:
 			if err := m.writeFile(pfd, name, e, t.Sources); err != nil {

@@ -26,6 +26,13 @@ type criOptions struct {
 	// Env is added to containerd's environment, which the shims it starts
 	// inherit (KATA_FSX_* settings of the shim, say).
 	Env []string
+	// RegistryConfigPath is CRI's registry config_path: a certs.d
+	// directory of hosts.toml files (a test registry's plain HTTP).
+	RegistryConfigPath string
+	// BeforeStart runs once the env and its kata-fsx configuration exist,
+	// before containerd starts: what containerd must find running (a
+	// proxy snapshotter, as systemd orders it before containerd).
+	BeforeStart func(e *env)
 	// KataConfig is extra TOML for the top of the kata-fsx configuration
 	// the pods boot with (beside enable_annotations = ["shared_fs"]).
 	KataConfig string
@@ -158,5 +165,15 @@ func (c containerdConfig) render(v containerdVersion) (string, error) {
 		w("  snapshotter = %s", str(o.RuntimeSnapshotter))
 	}
 	w("[%s.containerd.runtimes.%s.options]\n  ConfigPath = %s", runtimeTable, criRuntime, str(c.kataConfig))
+	if o.RegistryConfigPath != "" {
+		if !c.cri {
+			return "", fmt.Errorf("a registry config_path is a CRI setting; only newCRIEnvWith takes it")
+		}
+		registryTable := `plugins."io.containerd.grpc.v1.cri".registry`
+		if v.Major >= 2 {
+			registryTable = `plugins.'io.containerd.cri.v1.images'.registry`
+		}
+		w("[%s]\n  config_path = %s", registryTable, str(o.RegistryConfigPath))
+	}
 	return b.String(), nil
 }

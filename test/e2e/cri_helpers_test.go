@@ -101,6 +101,9 @@ func newCRIEnvWith(t *testing.T, o criOptions) *criEnv {
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if o.BeforeStart != nil {
+		o.BeforeStart(e)
+	}
 	cmd := exec.Command(containerdBin("containerd"), "--config", cfgPath)
 	cmd.Env = append(append(os.Environ(), containerdPATH(filepath.Dir(shim))), o.Env...)
 	cmd.Stdout = lockedWriter{ce.logMu, ce.log}
