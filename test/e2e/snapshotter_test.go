@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/md5"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -16,6 +17,8 @@ import (
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kata-fsx/kata-fsx/test/registrytest"
 )
 
 // buildOverlayHelper builds bin/kata-fsx-overlay, the mount helper of the
@@ -153,12 +156,22 @@ func TestSnapshotterCRI(t *testing.T) {
 		RegistryConfigPath:  img.reg.HostsDir(t, ""),
 		BeforeStart: func(e *env) {
 			// The shim and the snapshotter read one configuration, as on
-			// a node: one registry access and one node store.
+			// a node: one registry access and one node store. The test
+			// images CRI unpacks (the pause image, imported) name the
+			// host kata-fsx.test: the snapshotter's look for their index
+			// must end on loopback, not in a DNS query.
+			hosts := img.reg.HostsDir(t, "")
+			if err := os.MkdirAll(filepath.Join(hosts, "kata-fsx.test"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(hosts, "kata-fsx.test", "hosts.toml"), []byte("server = \"http://127.0.0.1:9\"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
 			f, err := os.OpenFile(e.config, os.O_APPEND|os.O_WRONLY, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			fmt.Fprintf(f, "\n[kata_fsx.registry]\nconfig_path = %q\n", img.reg.HostsDir(t, ""))
+			fmt.Fprintf(f, "\n[kata_fsx.registry]\nconfig_path = %q\n", hosts)
 			f.Close()
 			// Before containerd, as its systemd unit orders it.
 			snap = startSnapshotter(t, e.config, snapSock, filepath.Join(e.dir, "snapshotter"))
@@ -168,6 +181,24 @@ func TestSnapshotterCRI(t *testing.T) {
 	defer cancel()
 	if r := c.env.imageIndex(ctx, img.ref); r.code != 0 {
 		t.Fatalf("kata-fsx image index: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+
+	// A second, small image for a kata-fsx pod on virtio-fs, whose remote
+	// layers the shim itself materializes (layerdir.Mount).
+	small := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(small, "data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	smallData := bytes.Repeat([]byte("virtio-fs reads a materialized layer\n"), 1<<16)
+	if err := os.WriteFile(filepath.Join(small, "data", "small"), smallData, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	smallOCI := t.TempDir()
+	registrytest.WriteOCI(t, smallOCI, "v1", registrytest.TarDir(t, busyboxRootfs(t)), registrytest.TarDir(t, small))
+	img.reg.Push(t, smallOCI, "v1", "lazy/small:v1")
+	smallRef := img.reg.Addr + "/lazy/small:v1"
+	if r := c.env.imageIndex(ctx, "registry:"+smallRef); r.code != 0 {
+		t.Fatalf("kata-fsx image index %s: exit %d\n%s\n%s", smallRef, r.code, r.stdout, r.stderr)
 	}
 
 	storeDir := filepath.Join(blkStateDir(t, c.config), "content")
@@ -287,6 +318,41 @@ func TestSnapshotterCRI(t *testing.T) {
 		t.Errorf("the shim did not serve the pod's remote layers lazily")
 	}
 
+	// ctr snapshot usage: the remote layers count the store's blocks.
+	if out, err := c.ctrK8s(ctx, "snapshot", "--snapshotter", "kata-fsx", "usage"); err != nil {
+		t.Errorf("ctr snapshot usage: %v\n%s", err, out)
+	} else {
+		t.Logf("ctr snapshot usage:\n%s", out)
+	}
+
+	// A kata-fsx pod on virtio-fs: the shim materializes the remote layers
+	// and shares the overlay.
+	if out, err := c.crictlRun(ctx, t, "pull", "--pod-config", pcFile, smallRef); err != nil {
+		t.Fatalf("crictl pull %s: %v\n%s", smallRef, err, out)
+	}
+	vfsCfg, vfsPod := runPod("snap-virtiofs", criRuntime, "virtio-fs")
+	vfsCC := &runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: "work"},
+		Image:    &runtimeapi.ImageSpec{Image: smallRef},
+		Command:  []string{"sh", "-c", "sleep 900"},
+		LogPath:  "work.log",
+		Linux:    &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{NamespaceOptions: hostNetwork()}},
+	}
+	vcr, err := c.rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: vfsPod, Config: vfsCC, SandboxConfig: vfsCfg})
+	if err != nil {
+		t.Fatalf("CreateContainer on virtio-fs: %v", err)
+	}
+	if _, err := c.rt.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: vcr.ContainerId}); err != nil {
+		t.Fatalf("StartContainer on virtio-fs: %v", err)
+	}
+	vex, err := c.rt.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: vcr.ContainerId, Timeout: 120, Cmd: []string{"sh", "-c", "md5sum /data/small; grep ' / ' /proc/mounts"}})
+	if err != nil {
+		t.Fatalf("virtio-fs pod: ExecSync: %v", err)
+	}
+	if want := fmt.Sprintf("%x  /data/small", md5.Sum(smallData)); vex.ExitCode != 0 || !strings.Contains(string(vex.Stdout), want) || rootFstype(string(vex.Stdout)) != "virtiofs" {
+		t.Errorf("virtio-fs pod: exit %d %q %q; want %q on a virtiofs /", vex.ExitCode, vex.Stdout, vex.Stderr, want)
+	}
+
 	// A runc pod of the same image on the same node and snapshotter: its
 	// layers are materialized on demand by the mount helper.
 	runcCfg, runcPod := runPod("snap-runc", "runc", "")
@@ -302,7 +368,7 @@ func TestSnapshotterCRI(t *testing.T) {
 	newCtr := startCtr(newPod, newCfg)
 	checkFiles("a pod started after the restart", newCtr)
 
-	for _, p := range []string{kataPod, runcPod, newPod} {
+	for _, p := range []string{kataPod, vfsPod, runcPod, newPod} {
 		if _, err := c.rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: p}); err != nil {
 			t.Fatalf("StopPodSandbox: %v", err)
 		}
