@@ -27,16 +27,27 @@ var repoRoot = func() string {
 	return d
 }()
 
-// buildKataFSX builds bin/kata-fsx once per test binary run.
-var buildKataFSX = sync.OnceValues(func() (string, error) {
-	bin := filepath.Join(repoRoot, "bin", "kata-fsx")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/kata-fsx")
-	cmd.Dir = repoRoot
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bin, nil
-})
+// goBuild builds ./cmd/NAME into bin/NAME once per test binary run.
+func goBuild(name string) func() (string, error) {
+	return sync.OnceValues(func() (string, error) {
+		bin := filepath.Join(repoRoot, "bin", name)
+		cmd := exec.Command("go", "build", "-o", bin, "./cmd/"+name)
+		cmd.Dir = repoRoot
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("go build %s: %v\n%s", name, err, out)
+		}
+		return bin, nil
+	})
+}
+
+// The binaries the tests run: the operator CLI, the shim containerd
+// starts, and the snapshotter's mount helper beside the shim on
+// containerd's PATH.
+var (
+	buildKataFSX       = goBuild("kata-fsx")
+	buildShim          = goBuild("containerd-shim-kata-fsx-v2")
+	buildOverlayHelper = goBuild("kata-fsx-overlay")
+)
 
 func kataFSX(t *testing.T) string {
 	t.Helper()

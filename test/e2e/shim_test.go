@@ -22,17 +22,6 @@ import (
 	"github.com/kata-fsx/kata-fsx/test/registrytest"
 )
 
-// buildShim builds bin/containerd-shim-kata-fsx-v2 once per test binary run.
-var buildShim = sync.OnceValues(func() (string, error) {
-	bin := filepath.Join(repoRoot, "bin", "containerd-shim-kata-fsx-v2")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/containerd-shim-kata-fsx-v2")
-	cmd.Dir = repoRoot
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bin, nil
-})
-
 // containerdEnv is a private containerd whose PATH finds the kata-fsx shim.
 type containerdEnv struct {
 	*env

@@ -21,18 +21,6 @@ import (
 	"github.com/kata-fsx/kata-fsx/test/registrytest"
 )
 
-// buildOverlayHelper builds bin/kata-fsx-overlay, the mount helper of the
-// snapshotter's remote mounts, beside the shim on containerd's PATH.
-var buildOverlayHelper = sync.OnceValues(func() (string, error) {
-	bin := filepath.Join(repoRoot, "bin", "kata-fsx-overlay")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/kata-fsx-overlay")
-	cmd.Dir = repoRoot
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bin, nil
-})
-
 // snapshotterProc is a running `kata-fsx snapshotter`.
 type snapshotterProc struct {
 	t      *testing.T
