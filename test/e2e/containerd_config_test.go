@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"runtime"
 	"sort"
 	"strings"
 )
@@ -85,6 +86,15 @@ func (c containerdConfig) render(v containerdVersion) (string, error) {
 	sort.Strings(names)
 	for _, n := range names {
 		w("[proxy_plugins.%s]\n  type = %s\n  address = %s\n", str(n), str("snapshot"), str(o.ProxySnapshotters[n]))
+	}
+	if v.Major >= 2 && len(names) > 0 {
+		// 2.x's transfer service (ctr pull) unpacks only for the
+		// snapshotters its unpack_config lists; the list replaces the
+		// default overlayfs entry.
+		for _, sn := range append([]string{"overlayfs"}, names...) {
+			w("[[plugins.%s.unpack_config]]\n  platform = %s\n  snapshotter = %s\n  differ = %s\n",
+				str("io.containerd.transfer.v1.local"), str("linux/"+runtime.GOARCH), str(sn), str("walking"))
+		}
 	}
 	if c.cri {
 		w("[plugins.%s]\n  path = %s", str("io.containerd.internal.v1.opt"), str(c.dir+"/opt"))

@@ -347,6 +347,26 @@ func TestSnapshotterCRI(t *testing.T) {
 	runcCtr := startCtr(runcPod, runcCfg)
 	checkFiles("runc pod", runcCtr)
 
+	// Plain ctr: a pull without CRI's labels (in a namespace of its own, so
+	// containerd asks for every layer again) is an ordinary download and
+	// unpack into the snapshotter, and runc runs the image from it.
+	ctrPlain := func(args ...string) string {
+		t.Helper()
+		out, err := exec.CommandContext(ctx, containerdBin("ctr"), append([]string{"-a", c.sock, "-n", "plain"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ctr -n plain %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	ctrPlain("images", "pull", "--plain-http", "--hosts-dir", img.reg.HostsDir(t, ""), "--snapshotter", "kata-fsx", smallRef)
+	if out := ctrPlain("run", "--rm", "--snapshotter", "kata-fsx", smallRef, "plain-ctr", "md5sum", "/data/small"); !strings.Contains(out, fmt.Sprintf("%x  /data/small", md5.Sum(smallData))) {
+		t.Errorf("ctr run of the plainly pulled image: %q", out)
+	}
+	if out := ctrPlain("snapshot", "--snapshotter", "kata-fsx", "ls"); !strings.Contains(out, "Committed") {
+		t.Errorf("ctr snapshot ls in the plain namespace shows no committed layer:\n%s", out)
+	}
+	ctrPlain("images", "rm", "--sync", smallRef)
+
 	// Restart the snapshotter under the running pods.
 	snap.stop()
 	snap.start()
