@@ -284,8 +284,43 @@ func TestSnapshotterCRI(t *testing.T) {
 	}
 
 	// A kata-fsx pod on imagefs-blk, served from the lazy store.
-	kataCfg, kataPod := runPod("snap-kata", criRuntime, "imagefs-blk")
-	kataCtr := startCtr(kataPod, kataCfg)
+	// The kata-fsx pod through crictl's runp, create and start, as an
+	// operator would start it by hand.
+	kataCfg := podCfg("snap-kata", criRuntime, "imagefs-blk")
+	kataCC := &runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: "work"},
+		Image:    &runtimeapi.ImageSpec{Image: ref},
+		Command:  []string{"sh", "-c", "echo ready; sleep 900"},
+		LogPath:  "work.log",
+		Linux:    &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{NamespaceOptions: hostNetwork()}},
+	}
+	writeJSON := func(name string, v any) string {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(t.TempDir(), name)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	podJSON, ctrJSON := writeJSON("pod.json", kataCfg), writeJSON("container.json", kataCC)
+	crictlID := func(args ...string) string {
+		t.Helper()
+		out, err := c.crictlRun(ctx, t, args...)
+		if err != nil {
+			t.Fatalf("crictl %s: %v\n%s\n%s", strings.Join(args, " "), err, out, snap.logText())
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		return strings.TrimSpace(lines[len(lines)-1])
+	}
+	kataPod := crictlID("runp", "--runtime", criRuntime, podJSON)
+	if err := c.trackShim(kataPod); err != nil {
+		t.Fatal(err)
+	}
+	kataCtr := crictlID("create", kataPod, ctrJSON, podJSON)
+	crictlID("start", kataCtr)
 	// Running, and still only a small part of the image on the node:
 	// containerd's own look into the rootfs (the user's groups) got
 	// skeletons, and the pod reads through the lazy store.
