@@ -39,43 +39,10 @@ import (
 	"github.com/kata-fsx/kata-fsx/content/lazyimage/lazyimagetest"
 	"github.com/kata-fsx/kata-fsx/content/registry"
 	"github.com/kata-fsx/kata-fsx/content/store"
+	"github.com/kata-fsx/kata-fsx/test/logtest"
 	"github.com/kata-fsx/kata-fsx/test/registrytest"
 	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
-
-// logs collects Logf lines.
-type logs struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logs) logf(format string, args ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lines = append(l.lines, fmt.Sprintf(format, args...))
-}
-
-// has reports whether one line contains every part.
-func (l *logs) has(parts ...string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-next:
-	for _, line := range l.lines {
-		for _, p := range parts {
-			if !strings.Contains(line, p) {
-				continue next
-			}
-		}
-		return true
-	}
-	return false
-}
-
-func (l *logs) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.lines, "\n")
-}
 
 // countingProxy is an HTTP proxy in front of the registry that counts the
 // bytes of each blob it serves, so that a test sees what a pull fetched.
@@ -84,6 +51,9 @@ type countingProxy struct {
 	mu   sync.Mutex
 	blob map[digest.Digest]int64
 }
+
+// logs records what the code under test logged.
+type logs = logtest.Lines
 
 func startProxy(t *testing.T, reg *registrytest.Registry) *countingProxy {
 	t.Helper()
@@ -184,7 +154,7 @@ func (e *env) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sn, err := New(Options{Root: e.root, Config: e.cfg, Logf: e.logs.logf})
+	sn, err := New(Options{Root: e.root, Config: e.cfg, Logf: e.logs.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -377,7 +347,7 @@ func TestRemoteLayers(t *testing.T) {
 		if n := px.served(d.Digest); n != 0 {
 			t.Errorf("layer %d: the registry served %d of its %d bytes, want none", i, n, d.Size)
 		}
-		if !e.logs.has(d.Digest.String(), "remote", "artifact") {
+		if !e.logs.Has(d.Digest.String(), "remote", "artifact") {
 			t.Errorf("no log line of layer %d made remote from the artifact:\n%s", i, e.logs)
 		}
 	}
@@ -476,7 +446,7 @@ func TestRemoteLayers(t *testing.T) {
 		t.Fatal("the other image's layer is not the same blob")
 	}
 	e.pullRemote(ctx, other) // its layer's index is in the node cache
-	if !e.logs.has(other.Manifest.Layers[0].Digest.String(), "remote", "node cache") {
+	if !e.logs.Has(other.Manifest.Layers[0].Digest.String(), "remote", "node cache") {
 		t.Errorf("no log line of the other image's layer indexed from the node cache:\n%s", e.logs)
 	}
 
@@ -502,7 +472,7 @@ func TestRemoteLayers(t *testing.T) {
 			}
 		}
 	}
-	if !e.logs.has("last snapshot", img.Manifest.Layers[0].Digest.String(), "released") {
+	if !e.logs.Has("last snapshot", img.Manifest.Layers[0].Digest.String(), "released") {
 		t.Errorf("no log line of the release:\n%s", e.logs)
 	}
 	if err := e.sn.(snapshots.Cleaner).Cleanup(ctx); err != nil {
@@ -548,7 +518,7 @@ func TestRemoteStreamed(t *testing.T) {
 		if n := px.served(d.Digest); n != d.Size {
 			t.Errorf("layer %d: the registry served %d bytes of its %d, want each byte once (one streaming build)", i, n, d.Size)
 		}
-		if !e.logs.has(d.Digest.String(), "remote", "built by streaming") {
+		if !e.logs.Has(d.Digest.String(), "remote", "built by streaming") {
 			t.Errorf("no log line of layer %d made remote by streaming:\n%s", i, e.logs)
 		}
 	}
@@ -629,14 +599,14 @@ func TestFallback(t *testing.T) {
 	if err != nil || len(m) != 1 || m[0].Type != "bind" {
 		t.Fatalf("Prepare of a layer on a registry that is down: %+v, %v; want an ordinary active snapshot", m, err)
 	}
-	if !e.logs.has(layer.String(), "downloaded by containerd") {
+	if !e.logs.Has(layer.String(), "downloaded by containerd") {
 		t.Errorf("no log line naming the layer and its fallback:\n%s", e.logs)
 	}
 	delete(labels, snapshotters.TargetManifestDigestLabel)
 	if m, err := e.sn.Prepare(ctx, "extract-1", "", snapshots.WithLabels(labels)); err != nil || m[0].Type != "bind" {
 		t.Fatalf("Prepare without a manifest label: %+v, %v", m, err)
 	}
-	if !e.logs.has(layer.String(), snapshotters.TargetManifestDigestLabel) {
+	if !e.logs.Has(layer.String(), snapshotters.TargetManifestDigestLabel) {
 		t.Errorf("no log line naming the missing label:\n%s", e.logs)
 	}
 
@@ -672,7 +642,7 @@ func TestFallback(t *testing.T) {
 	if m, err := e.sn.Prepare(ctx, "extract-zstd", "", snapshots.WithLabels(zl)); err != nil || m[0].Type != "bind" {
 		t.Fatalf("Prepare of a zstd layer: %+v, %v; want an ordinary active snapshot", m, err)
 	}
-	if !e.logs.has(zm.Layers[0].Digest.String(), "downloaded by containerd", "zstd") {
+	if !e.logs.Has(zm.Layers[0].Digest.String(), "downloaded by containerd", "zstd") {
 		t.Errorf("no log line naming the zstd layer and why:\n%s", e.logs)
 	}
 
@@ -680,11 +650,11 @@ func TestFallback(t *testing.T) {
 	e.stop()
 	e.cfg.KataFSX.Snapshotter.Remote = false
 	e.start()
-	n := len(e.logs.lines)
+	n := e.logs.Len()
 	if m, err := e.sn.Prepare(ctx, "extract-2", "", snapshots.WithLabels(labels)); err != nil || m[0].Type != "bind" {
 		t.Fatalf("Prepare with remote off: %+v, %v", m, err)
 	}
-	if len(e.logs.lines) != n {
+	if e.logs.Len() != n {
 		t.Errorf("remote off, yet a remote decision was logged:\n%s", e.logs)
 	}
 }

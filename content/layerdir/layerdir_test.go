@@ -16,7 +16,6 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/content/lazyimage"
 	"github.com/kata-fsx/kata-fsx/content/lazyroot"
 	"github.com/kata-fsx/kata-fsx/content/registry"
+	"github.com/kata-fsx/kata-fsx/test/logtest"
 	"github.com/kata-fsx/kata-fsx/test/registrytest"
 	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
@@ -248,22 +248,8 @@ func snapshots(t *testing.T, im *image, n nodeEnv) (root string, lowers []string
 	return root, lowers
 }
 
-type logBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuf) logf(format string, args ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	fmt.Fprintf(&l.b, format+"\n", args...)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+// logBuf records what the code under test logged.
+type logBuf = logtest.Lines
 
 func testCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -279,7 +265,7 @@ func TestMaterialize(t *testing.T) {
 	ctx := testCtx(t)
 	var logs logBuf
 	for _, l := range lowers {
-		if err := Materialize(ctx, l, logs.logf); err != nil {
+		if err := Materialize(ctx, l, logs.Logf); err != nil {
 			t.Fatal(err)
 		}
 		if !Materialized(l) {
@@ -318,7 +304,7 @@ func TestMaterialize(t *testing.T) {
 
 	// Again: marked, nothing to do, nothing fetched.
 	var again logBuf
-	if err := Materialize(ctx, l1, again.logf); err != nil || again.String() != "" {
+	if err := Materialize(ctx, l1, again.Logf); err != nil || again.String() != "" {
 		t.Fatalf("second Materialize: %v, logs %q", err, again.String())
 	}
 
@@ -718,7 +704,7 @@ func TestKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs logBuf
-	if err := Materialize(testCtx(t), l1, logs.logf); err != nil {
+	if err := Materialize(testCtx(t), l1, logs.Logf); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(logs.String(), "interrupted materialization") {

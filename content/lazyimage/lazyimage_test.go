@@ -10,7 +10,6 @@ import (
 	"os"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,42 +20,9 @@ import (
 	"github.com/kata-fsx/kata-fsx/content/lazyimage/lazyimagetest"
 	"github.com/kata-fsx/kata-fsx/content/lazyindex"
 	"github.com/kata-fsx/kata-fsx/content/registry"
+	"github.com/kata-fsx/kata-fsx/test/logtest"
 	"github.com/kata-fsx/kata-fsx/test/registrytest"
 )
-
-// logs collects Logf lines.
-type logs struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logs) logf(format string, args ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lines = append(l.lines, fmt.Sprintf(format, args...))
-}
-
-func (l *logs) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.lines, "\n")
-}
-
-// has reports whether one line contains every part.
-func (l *logs) has(parts ...string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-next:
-	for _, line := range l.lines {
-		for _, p := range parts {
-			if !strings.Contains(line, p) {
-				continue next
-			}
-		}
-		return true
-	}
-	return false
-}
 
 type fixture struct {
 	reg    *registrytest.Registry
@@ -64,6 +30,9 @@ type fixture struct {
 	img    *lazyimagetest.Image
 	ctx    context.Context
 }
+
+// logs records what the code under test logged.
+type logs = logtest.Lines
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
@@ -86,7 +55,7 @@ func (f *fixture) push(t *testing.T, repo string) registry.Reference {
 }
 
 func (f *fixture) opts(l *logs, cacheDir string) Options {
-	return Options{Client: f.client, CacheDir: cacheDir, Logf: l.logf}
+	return Options{Client: f.client, CacheDir: cacheDir, Logf: l.Logf}
 }
 
 // sameIndexes fails unless a and b hold the same layer indexes (encodings
@@ -223,8 +192,8 @@ func TestBuildPushResolve(t *testing.T) {
 			t.Fatalf("layer %d: index of %s (%s), want %s", i+1, built.Layers[i].Digest, built.Layers[i].DiffID, f.img.Manifest.Layers[i].Digest)
 		}
 	}
-	if !bl.has("streaming layer 1/2 "+f.img.Manifest.Layers[0].Digest.String()) || !bl.has("indexed layer 2/2", "checkpoints") ||
-		!bl.has("layer 1/2 "+f.img.Manifest.Layers[0].Digest.String()+": 8.0 MiB of "+mib(f.img.Manifest.Layers[0].Size)) {
+	if !bl.Has("streaming layer 1/2 "+f.img.Manifest.Layers[0].Digest.String()) || !bl.Has("indexed layer 2/2", "checkpoints") ||
+		!bl.Has("layer 1/2 "+f.img.Manifest.Layers[0].Digest.String()+": 8.0 MiB of "+mib(f.img.Manifest.Layers[0].Size)) {
 		t.Fatalf("Build did not report its streaming:\n%s", bl.String())
 	}
 	checkContent(t, f.ctx, built, f.img)
@@ -254,7 +223,7 @@ func TestBuildPushResolve(t *testing.T) {
 	if got.IndexSource != "artifact "+ad.Digest.String() {
 		t.Fatalf("Resolve after Push: source %q, want the artifact %s\n%s", got.IndexSource, ad.Digest, rl.String())
 	}
-	if rl.has("streaming") {
+	if rl.Has("streaming") {
 		t.Fatalf("Resolve streamed with an artifact present:\n%s", rl.String())
 	}
 	sameIndexes(t, built, got)
@@ -274,8 +243,8 @@ func TestResolveStreamsWithoutArtifact(t *testing.T) {
 	if img.IndexSource != SourceStreamed {
 		t.Fatalf("source %q, want %q", img.IndexSource, SourceStreamed)
 	}
-	if !l.has("no index artifact refers to manifest "+img.ManifestDesc.Digest.String()) ||
-		!l.has("no usable index artifact for "+ref.String(), "building by streaming 2 of 2 layers") {
+	if !l.Has("no index artifact refers to manifest "+img.ManifestDesc.Digest.String()) ||
+		!l.Has("no usable index artifact for "+ref.String(), "building by streaming 2 of 2 layers") {
 		t.Fatalf("Resolve did not say it streams:\n%s", l.String())
 	}
 	checkContent(t, f.ctx, img, f.img)
@@ -333,7 +302,7 @@ func TestNodeCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if img.LayerSources[0] != SourceNodeCache || img.LayerSources[1] != SourceStreamed || !dl.has("node cache index "+p+" of layer 2/2", "unusable") {
+	if img.LayerSources[0] != SourceNodeCache || img.LayerSources[1] != SourceStreamed || !dl.Has("node cache index "+p+" of layer 2/2", "unusable") {
 		t.Fatalf("damaged cache entry: sources %q\n%s", img.LayerSources, dl.String())
 	}
 	if img.IndexSource != "node cache (layer 1) + built by streaming (layer 2)" {
@@ -430,7 +399,7 @@ func TestHostileArtifacts(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Resolve with a bad artifact: %v\n%s", err, l.String())
 			}
-			if !l.has(bad.Digest.String(), c.want) {
+			if !l.Has(bad.Digest.String(), c.want) {
 				t.Fatalf("no log line naming artifact %s and %q:\n%s", bad.Digest, c.want, l.String())
 			}
 			for li := range img.Layers {
@@ -444,7 +413,7 @@ func TestHostileArtifacts(t *testing.T) {
 					t.Fatalf("layer %d from %q, want %q\n%s", li+1, img.LayerSources[li], want, l.String())
 				}
 			}
-			if !l.has("building by streaming") {
+			if !l.Has("building by streaming") {
 				t.Fatalf("the fallback to streaming was not logged:\n%s", l.String())
 			}
 			sameIndexes(t, built, img)
@@ -481,7 +450,7 @@ func TestHostileArtifacts(t *testing.T) {
 			t.Fatal(err)
 		}
 		if img.LayerSources[0] != SourceStreamed || img.LayerSources[1] != "artifact "+ad.Digest.String() ||
-			!l.has(ad.Digest.String(), "index "+blob.String()+" of layer 1/2", "refused") {
+			!l.Has(ad.Digest.String(), "index "+blob.String()+" of layer 1/2", "refused") {
 			t.Fatalf("sources %q:\n%s", img.LayerSources, l.String())
 		}
 		sameIndexes(t, built, img)
@@ -503,7 +472,7 @@ func TestHostileArtifacts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if img.IndexSource != "artifact "+good.Digest.String() || !l.has(bad.Digest.String(), "refused") || l.has("streaming") {
+		if img.IndexSource != "artifact "+good.Digest.String() || !l.Has(bad.Digest.String(), "refused") || l.Has("streaming") {
 			t.Fatalf("source %q (good %s, bad %s):\n%s", img.IndexSource, good.Digest, bad.Digest, l.String())
 		}
 		sameIndexes(t, built, img)
@@ -688,7 +657,7 @@ func TestNodeCacheIndexDigest(t *testing.T) {
 	}
 	var dl logs
 	again, err := Resolve(f.ctx, f.opts(&dl, cache), byIndex)
-	if err != nil || again.ManifestDesc.Digest != md.Digest || !dl.has("node cache image "+rec, "unusable") {
+	if err != nil || again.ManifestDesc.Digest != md.Digest || !dl.Has("node cache image "+rec, "unusable") {
 		t.Fatalf("damaged image record: %v\n%s", err, dl.String())
 	}
 }
