@@ -20,7 +20,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -33,7 +32,6 @@ import (
 
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/content/layerdir"
-	"github.com/kata-fsx/kata-fsx/content/lazyimage"
 	"github.com/kata-fsx/kata-fsx/content/lazyroot"
 	"github.com/kata-fsx/kata-fsx/content/registry"
 	"github.com/kata-fsx/kata-fsx/content/store"
@@ -112,11 +110,10 @@ func New(o Options) (*Snapshotter, error) {
 		root:       o.Root,
 		remote:     o.Config.KataFSX.Snapshotter.Remote,
 		configPath: o.Config.Path,
-		storeDir:   filepath.Join(lo.StateDir, "content"),
+		storeDir:   lazyroot.StoreDir(lo),
 		logf:       logf,
 		cancel:     cancel,
-		resolver: newResolver(life, lazyimage.Options{Client: lazyimage.ClientFromConfig(lo.Registry), MaxEntries: lo.MaxEntries,
-			CacheDir: filepath.Join(lo.StateDir, "indexes"), Logf: logf}),
+		resolver:   newResolver(life, lazyroot.ImageOptions(lo)),
 	}
 	return s, nil
 }
@@ -314,15 +311,12 @@ func (s *Snapshotter) remoteMounts(m []mount.Mount) ([]mount.Mount, error) {
 			}
 		}
 		out[i] = mt
-		for _, l := range lowers {
-			_, remote, err := layerdir.ReadRemote(l)
-			if err != nil {
-				return nil, err
-			}
-			if remote && !layerdir.Materialized(l) {
-				out[i].Type = layerdir.MountType
-				break
-			}
+		pending, err := layerdir.Pending(lowers)
+		if err != nil {
+			return nil, err
+		}
+		if len(pending) > 0 {
+			out[i].Type = layerdir.MountType
 		}
 	}
 	return out, nil
@@ -354,16 +348,9 @@ func (s *Snapshotter) Usage(ctx context.Context, key string) (snapshots.Usage, e
 	}
 	u := snapshots.Usage(du)
 	if d, err := digest.Parse(layer); err == nil {
-		for _, ext := range []string{".data", ".chunks"} {
-			fi, err := os.Stat(filepath.Join(s.storeDir, "layers", d.Encoded()+ext))
-			if err != nil {
-				continue // not fetched yet, or released
-			}
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				u.Size += st.Blocks * 512
-				u.Inodes++
-			}
-		}
+		size, files := store.LayerDiskUsage(s.storeDir, d)
+		u.Size += size
+		u.Inodes += files
 	}
 	return u, nil
 }

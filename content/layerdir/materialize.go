@@ -55,6 +55,13 @@ const (
 // leaves no marker; the next one starts over. logf gets progress lines for
 // layers of more than a few MiB; nil discards them.
 func Materialize(ctx context.Context, lower string, logf func(format string, args ...any)) error {
+	return writeTree(ctx, lower, logf, false)
+}
+
+// writeTree writes, beside the remote layer whose fs directory is lower,
+// the layer itself into lower or (skeleton) its skeleton, under the
+// snapshot's lock, unless the tree's marker says it is there already.
+func writeTree(ctx context.Context, lower string, logf func(format string, args ...any), skeleton bool) error {
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
@@ -62,7 +69,14 @@ func Materialize(ctx context.Context, lower string, logf func(format string, arg
 		return fmt.Errorf("layer %q: not an absolute path", lower)
 	}
 	lower = filepath.Clean(lower)
-	if Materialized(lower) {
+	snap := filepath.Dir(lower)
+	m := &materializer{ctx: ctx, lower: lower, snap: snap, base: filepath.Base(lower), logf: logf,
+		skeleton: skeleton, stage: stageName, marker: MarkerName}
+	what := "materialize remote layer"
+	if skeleton {
+		m.base, m.stage, m.marker, what = SkeletonName, skeletonStageName, SkeletonMarkerName, "skeleton of remote layer"
+	}
+	if _, err := os.Lstat(filepath.Join(snap, m.marker)); err == nil {
 		return nil
 	}
 	r, ok, err := ReadRemote(lower)
@@ -72,27 +86,30 @@ func Materialize(ctx context.Context, lower string, logf func(format string, arg
 	if !ok {
 		return fmt.Errorf("layer %s: no %s beside it: not a remote layer of the kata-fsx snapshotter", lower, SidecarName)
 	}
-	snap, base := filepath.Dir(lower), filepath.Base(lower)
+	m.remote = r
 	sd, err := unix.Open(snap, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("layer %s: snapshot directory: %w", lower, &os.PathError{Op: "open", Path: snap, Err: err})
 	}
 	defer unix.Close(sd)
+	m.sd = sd
 	unlock, err := lockSnapshot(ctx, sd, lower, logf)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if exists(sd, MarkerName) {
+	if exists(sd, m.marker) {
 		return nil
 	}
-	m := &materializer{ctx: ctx, lower: lower, snap: snap, base: base, sd: sd, remote: r, logf: logf, stage: stageName, marker: MarkerName}
 	if err := m.run(); err != nil {
 		// The stage is this run's: nothing of it stays for the next.
-		if rerr := os.RemoveAll(filepath.Join(snap, stageName)); rerr != nil {
+		if rerr := os.RemoveAll(filepath.Join(snap, m.stage)); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
-		return fmt.Errorf("materialize remote layer %s (%s of %s): %w", lower, r.Layer, r.Ref, err)
+		return fmt.Errorf("%s %s (%s of %s): %w", what, lower, r.Layer, r.Ref, err)
+	}
+	if skeleton {
+		logf("layer %s of %s: skeleton for containerd's temporary mount, %d file(s) over %d KiB left out", r.Layer, r.Ref, m.left, SkeletonMaxFile>>10)
 	}
 	return nil
 }

@@ -236,23 +236,16 @@ func Mount(ctx context.Context, source, target string, options []string, logf fu
 	if s.bind {
 		layers = []string{source}
 	}
+	pending, err := Pending(layers)
+	if err != nil {
+		return err
+	}
 	if isTempMount(target) {
 		// containerd's own look into the rootfs (the user's groups, the
 		// image's volumes): skeletons, not the layers' whole data.
 		layers = append([]string(nil), layers...)
-		for i, l := range layers {
-			abs, err := filepath.Abs(l)
-			if err != nil {
-				return fmt.Errorf("layer %s: %w", l, err)
-			}
-			_, remote, err := ReadRemote(abs)
-			if err != nil {
-				return fmt.Errorf("layer %s: %w (remove the snapshot and pull the image again)", abs, err)
-			}
-			if !remote || Materialized(abs) {
-				continue
-			}
-			if layers[i], err = MaterializeSkeleton(ctx, abs, logf); err != nil {
+		for _, l := range pending {
+			if layers[l.Index], err = MaterializeSkeleton(ctx, l.Dir, logf); err != nil {
 				return err
 			}
 		}
@@ -261,7 +254,7 @@ func Mount(ctx context.Context, source, target string, options []string, logf fu
 		} else {
 			s.setLowers(layers)
 		}
-	} else if err := materializeAll(ctx, layers, logf); err != nil {
+	} else if err := materializeAll(ctx, pending, logf); err != nil {
 		return err
 	}
 	if s.bind {
@@ -270,32 +263,46 @@ func Mount(ctx context.Context, source, target string, options []string, logf fu
 	return overlayMount(target, s)
 }
 
-// materializeAll materializes the remote layers among dirs, a few at once.
-func materializeAll(ctx context.Context, dirs []string, logf func(string, ...any)) error {
-	var todo []string
-	for _, d := range dirs {
+// PendingLayer is a remote layer not yet materialized: its position in the
+// directories Pending looked at and its absolute path.
+type PendingLayer struct {
+	Index int
+	Dir   string
+}
+
+// Pending returns the remote layers among the overlay lower directories
+// (or bind source) dirs that are not materialized yet: what a mount of
+// them has the helper do.
+func Pending(dirs []string) ([]PendingLayer, error) {
+	var out []PendingLayer
+	for i, d := range dirs {
 		abs, err := filepath.Abs(d)
 		if err != nil {
-			return fmt.Errorf("layer %s: %w", d, err)
+			return nil, fmt.Errorf("layer %s: %w", d, err)
 		}
 		_, remote, err := ReadRemote(abs)
 		if err != nil {
-			return fmt.Errorf("layer %s: %w (remove the snapshot and pull the image again)", abs, err)
+			return nil, fmt.Errorf("layer %s: %w (remove the snapshot and pull the image again)", abs, err)
 		}
 		if remote && !Materialized(abs) {
-			todo = append(todo, abs)
+			out = append(out, PendingLayer{Index: i, Dir: abs})
 		}
 	}
+	return out, nil
+}
+
+// materializeAll materializes the pending layers, a few at once.
+func materializeAll(ctx context.Context, todo []PendingLayer, logf func(string, ...any)) error {
 	errs := make([]error, len(todo))
 	sem := make(chan struct{}, maxParallel)
 	var wg sync.WaitGroup
-	for i, d := range todo {
+	for i, l := range todo {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			errs[i] = Materialize(ctx, d, logf)
+			errs[i] = Materialize(ctx, l.Dir, logf)
 		}()
 	}
 	wg.Wait()

@@ -2,14 +2,11 @@ package layerdir
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
 )
@@ -49,48 +46,10 @@ func isTempMount(target string) bool {
 // MaterializeSkeleton writes the skeleton of the remote layer whose fs
 // directory is lower (once; later calls find it) and returns its path.
 func MaterializeSkeleton(ctx context.Context, lower string, logf func(format string, args ...any)) (string, error) {
-	if logf == nil {
-		logf = func(string, ...any) {}
-	}
-	if !filepath.IsAbs(lower) {
-		return "", fmt.Errorf("layer %q: not an absolute path", lower)
-	}
-	lower = filepath.Clean(lower)
-	snap := filepath.Dir(lower)
-	skel := filepath.Join(snap, SkeletonName)
-	if _, err := os.Lstat(filepath.Join(snap, SkeletonMarkerName)); err == nil {
-		return skel, nil
-	}
-	r, ok, err := ReadRemote(lower)
-	if err != nil {
-		return "", fmt.Errorf("layer %s: %w", lower, err)
-	}
-	if !ok {
-		return "", fmt.Errorf("layer %s: no %s beside it: not a remote layer of the kata-fsx snapshotter", lower, SidecarName)
-	}
-	sd, err := unix.Open(snap, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return "", fmt.Errorf("layer %s: snapshot directory: %w", lower, &os.PathError{Op: "open", Path: snap, Err: err})
-	}
-	defer unix.Close(sd)
-	unlock, err := lockSnapshot(ctx, sd, lower, logf)
-	if err != nil {
+	if err := writeTree(ctx, lower, logf, true); err != nil {
 		return "", err
 	}
-	defer unlock()
-	if exists(sd, SkeletonMarkerName) {
-		return skel, nil
-	}
-	m := &materializer{ctx: ctx, lower: lower, snap: snap, base: SkeletonName, sd: sd, remote: r, logf: logf,
-		skeleton: true, stage: skeletonStageName, marker: SkeletonMarkerName}
-	if err := m.run(); err != nil {
-		if rerr := os.RemoveAll(filepath.Join(snap, skeletonStageName)); rerr != nil {
-			err = errors.Join(err, rerr)
-		}
-		return "", fmt.Errorf("skeleton of remote layer %s (%s of %s): %w", lower, r.Layer, r.Ref, err)
-	}
-	logf("layer %s of %s: skeleton for containerd's temporary mount, %d file(s) over %d KiB left out", r.Layer, r.Ref, m.left, SkeletonMaxFile>>10)
-	return skel, nil
+	return filepath.Join(filepath.Dir(filepath.Clean(lower)), SkeletonName), nil
 }
 
 // prepareSkeleton clears what an interrupted skeleton left and reads the

@@ -16,11 +16,16 @@ func ImageOptions(o Options) lazyimage.Options {
 		CacheDir: filepath.Join(o.StateDir, "indexes"), Logf: o.Logf}
 }
 
+// StoreDir is the node's content store directory under o.StateDir.
+func StoreDir(o Options) string {
+	return filepath.Join(o.StateDir, "content")
+}
+
 // OpenStore opens the node's content store as Open does (StateDir/content
 // and the registry table's bounds), so that chunks fetched by one process
 // of the node are on disk for the others.
 func OpenStore(o Options) (*store.Store, error) {
 	reg := o.Registry
-	return store.Open(store.Options{Dir: filepath.Join(o.StateDir, "content"), MemoryBytes: int64(reg.CacheMemoryMB) << 20,
+	return store.Open(store.Options{Dir: StoreDir(o), MemoryBytes: int64(reg.CacheMemoryMB) << 20,
 		ReadTimeout: reg.ReadDeadline(), MaxFetch: int64(reg.MaxFetchMB) << 20, Logf: o.Logf})
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -97,7 +96,7 @@ func (l *layer) openFiles() error {
 
 func (l *layer) openFilesOnce() error {
 	hex, _ := blobHex(l.ix.Digest)
-	base := filepath.Join(l.s.opts.Dir, "layers", hex)
+	base := layerBase(l.s.opts.Dir, hex)
 	var err error
 	if l.data, err = os.OpenFile(base+".data", os.O_RDWR|os.O_CREATE, 0o600); err != nil {
 		return err

@@ -28,7 +28,7 @@ func RemoveLayer(dir string, blob digest.Digest) error {
 	if err != nil {
 		return fmt.Errorf("content store: remove layer %q: %w", blob, err)
 	}
-	base := filepath.Join(dir, "layers", hex)
+	base := layerBase(dir, hex)
 	ctx, cancel := context.WithTimeout(context.Background(), initLockWait)
 	defer cancel()
 	cmap, err := os.OpenFile(base+".chunks", os.O_RDWR, 0)
@@ -82,4 +82,29 @@ var errRemoved = errors.New("layer files removed while opening them")
 func unlinked(f *os.File) bool {
 	var st unix.Stat_t
 	return unix.Fstat(int(f.Fd()), &st) == nil && st.Nlink == 0
+}
+
+// layerBase is the path of a layer's files in a store directory, without
+// their .data and .chunks suffixes.
+func layerBase(dir, hex string) string {
+	return filepath.Join(dir, "layers", hex)
+}
+
+// LayerDiskUsage is the disk space the layer blob's files take in dir (a
+// Store's Options.Dir): the blocks allocated to its sparse data file and
+// its chunk map, and how many of the two exist (none before the first
+// fetch or after RemoveLayer).
+func LayerDiskUsage(dir string, blob digest.Digest) (size, files int64) {
+	hex, err := blobHex(string(blob))
+	if err != nil {
+		return 0, 0
+	}
+	for _, ext := range []string{".data", ".chunks"} {
+		var st unix.Stat_t
+		if unix.Stat(layerBase(dir, hex)+ext, &st) == nil {
+			size += st.Blocks * 512
+			files++
+		}
+	}
+	return size, files
 }
