@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/content/layerdir"
@@ -33,23 +32,17 @@ func parseRemoteRootfs(mounts []config.Mount) (_ *remoteRootfs, ok bool, err err
 		return nil, false, nil
 	}
 	r := &remoteRootfs{mount: mounts[0]}
-	bind := false
-	for _, o := range r.mount.Options {
-		k, v, _ := strings.Cut(o, "=")
-		switch k {
-		case "lowerdir":
-			r.lowers = strings.Split(v, ":")
-		case "upperdir":
-			r.upper = v
-		case "bind", "rbind":
-			bind = true
-		}
+	// The layers as the policy reads any overlay or bind rootfs.
+	rf := config.RootfsFromMounts(r.policyMounts(), "")
+	if !rf.Indexable() {
+		return nil, true, fmt.Errorf("rootfs %s mount of %s: %s", r.mount.Type, r.mount.Source, rf.Why)
 	}
-	if bind {
-		r.lowers = []string{r.mount.Source}
+	layers := rf.Layers // bottom first, the upper last
+	if rf.UpperDir != "" {
+		r.upper, layers = rf.UpperDir, layers[:len(layers)-1]
 	}
-	if len(r.lowers) == 0 {
-		return nil, true, fmt.Errorf("rootfs %s mount of %s: no lowerdir and no bind source", r.mount.Type, r.mount.Source)
+	for i := len(layers) - 1; i >= 0; i-- {
+		r.lowers = append(r.lowers, layers[i])
 	}
 	for _, l := range r.lowers {
 		rem, _, err := layerdir.ReadRemote(l)
