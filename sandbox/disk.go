@@ -164,20 +164,13 @@ func (d *podDisk) remove() error {
 // hotplugDisk builds and serves a disk for a container created after the
 // VM booted and plugs it into a free slot of the hot-plug bridge. On error
 // everything it did is undone. With idx and lazy set (a lazy image's tree
-// and store) the disk is built from idx and reads through lazy, which it
-// owns from here on, whatever the outcome.
+// and store) the disk is built from idx and reads through lazy; the disk
+// owns lazy (closes it when removed) once it is plugged, the caller until
+// then.
 func (s *Sandbox) hotplugDisk(ctx context.Context, cid string, rootfs config.Rootfs, idx *index.Index, lazy LazyRootfs) (_ *podDisk, err error) {
-	closeLazy := func(err error) error {
-		if lazy != nil {
-			if cerr := lazy.Close(); cerr != nil {
-				err = errors.Join(err, fmt.Errorf("close the lazy image store: %w", cerr))
-			}
-		}
-		return err
-	}
 	slot, err := s.vm.NextHotplugSlot()
 	if err != nil {
-		return nil, closeLazy(fmt.Errorf("container %s: disk hot-plug: %w", cid, err))
+		return nil, fmt.Errorf("container %s: disk hot-plug: %w", cid, err)
 	}
 	var opener index.Opener
 	if lazy != nil {
@@ -188,9 +181,9 @@ func (s *Sandbox) hotplugDisk(ctx context.Context, cid string, rootfs config.Roo
 		if rerr := s.vm.ReleaseHotplugSlot(slot); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
-		return nil, closeLazy(err)
+		return nil, err
 	}
-	d.slot, d.path, d.lazy = &slot, slot.Path, lazy
+	d.slot, d.path = &slot, slot.Path
 	defer func() {
 		if err != nil {
 			if uerr := s.unplugDisk(cid); uerr != nil {
@@ -222,6 +215,7 @@ func (s *Sandbox) hotplugDisk(ctx context.Context, cid string, rootfs config.Roo
 	if got != slot.Path {
 		return nil, fmt.Errorf("container %s: device %s is at PCI path %s, expected %s", cid, d.deviceID, got, slot.Path)
 	}
+	d.lazy = lazy
 	log.G(ctx).WithField("sandbox", s.ID).Infof("container %s: disk %s hot-plugged at PCI path %s", cid, d.deviceID, got)
 	return d, nil
 }
@@ -298,12 +292,6 @@ func (s *Sandbox) containerDisk(ctx context.Context, cid string, rootfs config.R
 	s.mu.Unlock()
 	if !ok {
 		return s.hotplugDisk(ctx, cid, rootfs, idx, lazy)
-	}
-	if lazy != nil {
-		// The first container's disk was built at boot from Spec.
-		if err := lazy.Close(); err != nil {
-			return nil, fmt.Errorf("container %s: close the unused lazy image store: %w", cid, err)
-		}
 	}
 	if d.path == "" {
 		p, ok := s.vm.Plan().PCIPaths[d.deviceID]

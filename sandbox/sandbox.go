@@ -575,7 +575,7 @@ type ContainerSpec struct {
 // it in the agent; the sandbox must be ready. On error the container's
 // disk is gone again.
 func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err error) {
-	lazy := c.RootfsLazy // closed here unless a disk took it over
+	lazy := c.RootfsLazy // closed here unless a hot-plugged disk took it over
 	defer func() {
 		if lazy != nil {
 			if cerr := lazy.Close(); cerr != nil {
@@ -616,9 +616,11 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 	switch s.Decision.Backend {
 	case config.SharedFSImagefsBlk:
 		d, derr := s.containerDisk(ctx, c.ID, c.Rootfs, c.RootfsIndex, lazy)
-		lazy = nil
 		if derr != nil {
 			return derr
+		}
+		if d.lazy == lazy {
+			lazy = nil // the disk reads through it and closes it
 		}
 		defer func() {
 			if err != nil {
