@@ -100,6 +100,8 @@ type Disk struct {
 	Dir    string // image, overlay and socket live here
 	Socket string
 	Image  *ext4.Image
+	// Build says how the image was obtained (timings, shared or built).
+	Build BuildInfo
 
 	base *rawimage.Disk
 	dev  *overlay.Device
