@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -208,6 +209,8 @@ func TestMetricsImagefsBlk(t *testing.T) {
 	if dirty := sampleValue(t, after, "kata_fsx_overlay_dirty_bytes", c); dirty < writeBytes {
 		t.Errorf("overlay dirty bytes %v after writing %d", dirty, writeBytes)
 	}
+	t.Logf("the shim (the disk's server) holds %.1f MiB of private memory (kata_shim_proc_status rssanon) after two scrapes",
+		sampleValue(t, after, "kata_shim_proc_status", map[string]string{"item": "rssanon"})/(1<<20))
 	if errs := sampleValue(t, after, "kata_fsx_imagefs_blk_errors_total", op("read")); errs != 0 {
 		t.Errorf("read errors %v", errs)
 	}
@@ -307,5 +310,59 @@ func TestMetricsVirtioFS(t *testing.T) {
 	}
 	if syscw < 1 {
 		t.Errorf("virtiofsd syscw moved by %.0f", syscw)
+	}
+}
+
+// TestMetricsRun: kata-fsx run --metrics serves the one-off pod's socket
+// while its command runs, with the reads the command made, and removes it
+// when the pod is torn down.
+func TestMetricsRun(t *testing.T) {
+	e := newEnv(t, "")
+	rootfs := busyboxRootfs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const id = "metricsrun"
+	cmd := exec.CommandContext(ctx, kataFSX(t), "run", "--config", e.config, "--metrics", "--id", id, "--backend", "imagefs-blk", "--rootfs", rootfs, "--",
+		"/bin/sh", "-c", "dd if=/bin/busybox of=/dev/null bs=4096 iflag=direct 2>/dev/null && echo read && exec sleep 600")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := false
+	defer func() {
+		if !exited {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	}()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "read\n" {
+		t.Fatalf("the command printed %q (%v); stderr:\n%s", line, err, stderr.String())
+	}
+	sock := sandbox.MetricsSocket(filepath.Join(e.stateDir, id))
+	fams := scrape(ctx, t, sock, "")
+	bb, err := os.Stat("/bin/busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := sampleValue(t, fams, "kata_fsx_imagefs_blk_bytes_total", map[string]string{"container": id, "op": "read"})
+	t.Logf("kata-fsx run pod: %.0f bytes read from its disk (busybox is %d)", read, bb.Size())
+	if read < float64(bb.Size()/4096*4096) {
+		t.Errorf("read bytes %.0f, want at least %d", read, bb.Size()/4096*4096)
+	}
+	if !strings.Contains(stderr.String(), "metrics on "+sock) {
+		t.Errorf("run did not say where its metrics are:\n%s", stderr.String())
+	}
+	// SIGTERM tears the pod down, the socket with it.
+	cmd.Process.Signal(syscall.SIGTERM)
+	cmd.Wait()
+	exited = true
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Errorf("metrics socket after run exited: %v", err)
 	}
 }
