@@ -209,8 +209,9 @@ func TestMetricsImagefsBlk(t *testing.T) {
 	if dirty := sampleValue(t, after, "kata_fsx_overlay_dirty_bytes", c); dirty < writeBytes {
 		t.Errorf("overlay dirty bytes %v after writing %d", dirty, writeBytes)
 	}
-	t.Logf("the shim (the disk's server) holds %.1f MiB of private memory (kata_shim_proc_status rssanon) after two scrapes",
-		sampleValue(t, after, "kata_shim_proc_status", map[string]string{"item": "rssanon"})/(1<<20))
+	rss := map[string]string{"item": "rssanon"}
+	t.Logf("the shim (the disk's server) holds %.2f MiB of private memory (kata_shim_proc_status rssanon) at the first scrape, %.2f MiB at the second, after the workload",
+		sampleValue(t, before, "kata_shim_proc_status", rss)/(1<<20), sampleValue(t, after, "kata_shim_proc_status", rss)/(1<<20))
 	if errs := sampleValue(t, after, "kata_fsx_imagefs_blk_errors_total", op("read")); errs != 0 {
 		t.Errorf("read errors %v", errs)
 	}
