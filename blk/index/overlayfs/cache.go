@@ -74,6 +74,7 @@ func (c Cache) Store(key string, ix *index.Index) error {
 		err = cerr
 	}
 	if err == nil {
+		nodecache.TestPause("index-store") // a crash here leaves a temporary file, never an entry
 		err = os.Rename(f.Name(), p)
 	}
 	if err != nil {
