@@ -22,7 +22,7 @@ import (
 // with its [kata_fsx.cache] budget (nodecache.Unlimited for 0).
 func Caches(c *config.Config) []nodecache.Budgeted {
 	state := c.KataFSX.ImagefsBlk.StateDir
-	blkCache := filepath.Join(state, "cache") // blk.Options.CacheDir, as the shim and cli set it
+	blkCache := filepath.Join(state, "cache")      // blk.Options.CacheDir, as the shim and cli set it
 	lazyIndexes := filepath.Join(state, "indexes") // lazyroot's index cache
 	caches := []nodecache.Cache{
 		// TODO(issue 19, metadata once per image): add the metadata cache
