@@ -21,8 +21,9 @@ const autoPruneTimeout = 5 * time.Minute
 // sandbox stops), so that no prune takes them from under a running pod,
 // and it starts a prune of the node caches to their budgets in the
 // background ([kata_fsx.cache] prune = "auto"), bounded and never failing
-// the pod: its problems are logged.
-func (s *Sandbox) diskBuilt(serveCtx context.Context, d *blk.Disk, opts blk.Options) {
+// the pod: its problems are logged. The channel closes when that prune
+// is over (for tests; the sandbox does not wait for it).
+func (s *Sandbox) diskBuilt(serveCtx context.Context, d *blk.Disk, opts blk.Options) <-chan struct{} {
 	lg := log.G(s.life).WithField("sandbox", s.ID)
 	if opts.Opener == nil && d.Image != nil {
 		// A lazy image reads through its store, which marks its own layers.
@@ -32,7 +33,9 @@ func (s *Sandbox) diskBuilt(serveCtx context.Context, d *blk.Disk, opts blk.Opti
 		}
 		context.AfterFunc(serveCtx, release)
 	}
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		ctx, cancel := context.WithTimeout(s.life, autoPruneTimeout)
 		defer cancel()
 		ran, rs, err := node.AutoPrune(ctx, s.cfg, func(format string, args ...any) { lg.Debugf(format, args...) })
@@ -48,6 +51,7 @@ func (s *Sandbox) diskBuilt(serveCtx context.Context, d *blk.Disk, opts blk.Opti
 			}
 		}
 	}()
+	return done
 }
 
 func logResult(lg *log.Entry, r *nodecache.Result) {
