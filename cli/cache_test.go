@@ -146,6 +146,7 @@ func TestCacheLsPrune(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("prune: exit %d: %s%s", code, out, stderr)
 	}
+	t.Logf("kata-fsx cache prune --budget-mb 0 --min-age-minutes 0:\n%s", out)
 	for _, want := range []string{"kept " + lazyKey, "kept " + blobKey, "still over budget: 1 entries in use", "  removed lazy/", "  removed layer/"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("prune output lacks %q:\n%s", want, out)
