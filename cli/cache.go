@@ -134,7 +134,7 @@ func runCacheLs(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintf(tw, "CACHE\tBUDGET\tBYTES\tENTRIES\tIN USE\n")
 		for _, l := range out {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\n", l.Name, budgetString(l.BudgetBytes), nodecache.MiB(l.Bytes), l.Entries, l.InUse)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\n", l.Name, budgetString(l.BudgetBytes), nodecache.Size(l.Bytes), l.Entries, l.InUse)
 		}
 		tw.Flush()
 		if *verbose {
@@ -163,7 +163,7 @@ func budgetString(b int64) string {
 	if b < 0 {
 		return "none"
 	}
-	return nodecache.MiB(b)
+	return nodecache.Size(b)
 }
 
 // PruneReport is one cache in `kata-fsx cache prune --json`.
@@ -268,13 +268,13 @@ func runCachePrune(ctx context.Context, args []string, stdout, stderr io.Writer)
 				verb = "would remove"
 			}
 			for _, e := range r.Removed {
-				fmt.Fprintf(stdout, "  %s %s (%s)\n", verb, e.Key, nodecache.MiB(e.Bytes))
+				fmt.Fprintf(stdout, "  %s %s (%s)\n", verb, e.Key, nodecache.Size(e.Bytes))
 			}
 			for _, e := range r.KeptInUse {
-				fmt.Fprintf(stdout, "  kept %s (%s): in use\n", e.Key, nodecache.MiB(e.Bytes))
+				fmt.Fprintf(stdout, "  kept %s (%s): in use\n", e.Key, nodecache.Size(e.Bytes))
 			}
 			for _, e := range r.KeptRecent {
-				fmt.Fprintf(stdout, "  kept %s (%s): used within the minimum age\n", e.Key, nodecache.MiB(e.Bytes))
+				fmt.Fprintf(stdout, "  kept %s (%s): used within the minimum age\n", e.Key, nodecache.Size(e.Bytes))
 			}
 			for _, f := range r.Failed {
 				fmt.Fprintf(stdout, "  failed %s: %v\n", f.Entry.Key, f.Err)

@@ -147,7 +147,7 @@ func TestCacheLsPrune(t *testing.T) {
 		t.Fatalf("prune: exit %d: %s%s", code, out, stderr)
 	}
 	t.Logf("kata-fsx cache prune --budget-mb 0 --min-age-minutes 0:\n%s", out)
-	for _, want := range []string{"kept " + lazyKey, "kept " + blobKey, "still over budget: 1 entries in use", "  removed lazy/", "  removed layer/"} {
+	for _, want := range []string{"kept " + lazyKey, "kept " + blobKey, "still over budget: 1 entry in use", "  removed lazy/", "  removed layer/"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("prune output lacks %q:\n%s", want, out)
 		}

@@ -62,19 +62,37 @@ func (r *Result) Summary() string {
 	}
 	budget := "unlimited"
 	if r.Budget >= 0 {
-		budget = MiB(r.Budget)
+		budget = Size(r.Budget)
 	}
-	s := fmt.Sprintf("cache %s: budget %s, %s before, %s after: %s %d entries (%s)",
-		r.Cache, budget, MiB(r.Before), MiB(r.After), verb, len(r.Removed), MiB(sumBytes(r.Removed)))
+	s := fmt.Sprintf("cache %s: budget %s, %s before, %s after: %s %s (%s)",
+		r.Cache, budget, Size(r.Before), Size(r.After), verb, entries(len(r.Removed)), Size(sumBytes(r.Removed)))
 	if r.OverBudget() {
-		s += fmt.Sprintf("; still over budget: %d entries in use (%s), %d used recently (%s), %d failed",
-			len(r.KeptInUse), MiB(sumBytes(r.KeptInUse)), len(r.KeptRecent), MiB(sumBytes(r.KeptRecent)), len(r.Failed))
+		s += fmt.Sprintf("; still over budget: %s in use (%s), %s used recently (%s), %d failed",
+			entries(len(r.KeptInUse)), Size(sumBytes(r.KeptInUse)), entries(len(r.KeptRecent)), Size(sumBytes(r.KeptRecent)), len(r.Failed))
 	}
 	return s
 }
 
-// MiB formats a byte count in MiB with one decimal.
-func MiB(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+// Size formats a byte count for people: bytes, KiB, MiB or GiB.
+func Size(n int64) string {
+	switch {
+	case n < 1<<10:
+		return fmt.Sprintf("%d B", n)
+	case n < 1<<20:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	case n < 1<<30:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+}
+
+// entries is "1 entry", "2 entries".
+func entries(n int) string {
+	if n == 1 {
+		return "1 entry"
+	}
+	return fmt.Sprintf("%d entries", n)
+}
 
 func sumBytes(es []Entry) int64 {
 	var n int64
@@ -131,18 +149,18 @@ func Prune(ctx context.Context, c Cache, budget int64, o PruneOptions) (Result, 
 		switch {
 		case e.InUse:
 			r.KeptInUse = append(r.KeptInUse, e)
-			logf("cache %s: kept %s (%s): in use", r.Cache, e.Key, MiB(e.Bytes))
+			logf("cache %s: kept %s (%s): in use", r.Cache, e.Key, Size(e.Bytes))
 			continue
 		case o.MinAge > 0 && e.LastUsed.After(cutoff):
 			r.KeptRecent = append(r.KeptRecent, e)
-			logf("cache %s: kept %s (%s): used %s ago, within the minimum age %s", r.Cache, e.Key, MiB(e.Bytes),
+			logf("cache %s: kept %s (%s): used %s ago, within the minimum age %s", r.Cache, e.Key, Size(e.Bytes),
 				now().Sub(e.LastUsed).Round(time.Second), o.MinAge)
 			continue
 		}
 		if o.DryRun {
 			r.Removed = append(r.Removed, e)
 			r.After -= e.Bytes
-			logf("cache %s: would remove %s (%s, last used %s)", r.Cache, e.Key, MiB(e.Bytes), e.LastUsed.UTC().Format(time.RFC3339))
+			logf("cache %s: would remove %s (%s, last used %s)", r.Cache, e.Key, Size(e.Bytes), e.LastUsed.UTC().Format(time.RFC3339))
 			continue
 		}
 		err := c.Remove(ctx, e.Key)
@@ -150,7 +168,7 @@ func Prune(ctx context.Context, c Cache, budget int64, o PruneOptions) (Result, 
 		case errors.Is(err, ErrInUse):
 			e.InUse = true
 			r.KeptInUse = append(r.KeptInUse, e)
-			logf("cache %s: kept %s (%s): in use", r.Cache, e.Key, MiB(e.Bytes))
+			logf("cache %s: kept %s (%s): in use", r.Cache, e.Key, Size(e.Bytes))
 			continue
 		case err != nil:
 			r.Failed = append(r.Failed, Failure{Entry: e, Err: err})
@@ -159,7 +177,7 @@ func Prune(ctx context.Context, c Cache, budget int64, o PruneOptions) (Result, 
 		}
 		r.Removed = append(r.Removed, e)
 		r.After -= e.Bytes
-		logf("cache %s: removed %s (%s, last used %s)", r.Cache, e.Key, MiB(e.Bytes), e.LastUsed.UTC().Format(time.RFC3339))
+		logf("cache %s: removed %s (%s, last used %s)", r.Cache, e.Key, Size(e.Bytes), e.LastUsed.UTC().Format(time.RFC3339))
 		removed++
 		if removed == 1 {
 			TestPause("prune")

@@ -238,7 +238,7 @@ func TestPruneSkipsHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	if strings.Join(keys(r.Removed), ",") != "k0,k2,k3" || strings.Join(keys(r.KeptInUse), ",") != "k1" || !r.OverBudget() ||
-		!strings.Contains(r.Summary(), "still over budget: 1 entries in use") {
+		!strings.Contains(r.Summary(), "still over budget: 1 entry in use") {
 		t.Fatalf("removed %v kept %v: %s; want all but k1 removed, k1 kept and said so", keys(r.Removed), keys(r.KeptInUse), r.Summary())
 	}
 	checkEntry(t, dir, 1)
