@@ -300,8 +300,8 @@ func runCachePrune(ctx context.Context, args []string, stdout, stderr io.Writer)
 // starts and then every prune_interval_minutes, in the background until
 // ctx ends or stop is called, when [kata_fsx.cache] prune is "auto"; each
 // prune is bounded and only logs its problems. stop returns once the
-// pruning stopped.
-func startAutoPrune(ctx context.Context, c *config.Config, logf func(string, ...any)) (stop func()) {
+// pruning stopped. rounds, when not nil, is called after each prune.
+func startAutoPrune(ctx context.Context, c *config.Config, logf func(string, ...any), rounds func()) (stop func()) {
 	if c.KataFSX.Cache.Prune != config.PruneAuto {
 		return func() {}
 	}
@@ -322,6 +322,9 @@ func startAutoPrune(ctx context.Context, c *config.Config, logf func(string, ...
 						logf("kata-fsx snapshotter: node caches: %s", r.Summary())
 					}
 				}
+			}
+			if rounds != nil {
+				rounds()
 			}
 			iv := c.KataFSX.Cache.PruneInterval()
 			if iv <= 0 {

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
@@ -175,5 +177,48 @@ func TestCacheLsPrune(t *testing.T) {
 	bad := writeConfig(t, "[hypervisor.qemu]\n[kata_fsx.imagefs_blk]\nstate_dir = \""+state+"\"\n[kata_fsx.cache]\nprune = \"never\"\n")
 	if code, _, stderr := run(t, "cache", "ls", "--config", bad); code != 1 || !strings.Contains(stderr, "kata_fsx.cache.prune") {
 		t.Fatalf("cache ls with a bad table: exit %d: %s", code, stderr)
+	}
+}
+
+// TestStartAutoPrune: `kata-fsx snapshotter`'s prune runs at its start
+// (and logs what it removed); stop returns once it is over. With prune
+// "manual" it never runs.
+func TestStartAutoPrune(t *testing.T) {
+	state := t.TempDir()
+	c := config.Default()
+	c.KataFSX.ImagefsBlk.StateDir = state
+	c.KataFSX.Cache.BlobsMB = 1
+	c.KataFSX.Cache.PruneIntervalMinutes = 0
+	p, err := index.BlobPath(filepath.Join(state, "cache"), "sha256:"+strings.Repeat("a", 64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, bytes.Repeat([]byte{1}, 2<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(p, old, old); err != nil {
+		t.Fatal(err)
+	}
+	var logged []string
+	logf := func(f string, a ...any) { logged = append(logged, fmt.Sprintf(f, a...)) }
+	c.KataFSX.Cache.Prune = config.PruneManual
+	startAutoPrune(context.Background(), c, logf, func() { t.Error("a manual configuration pruned") })()
+	if _, err := os.Stat(p); err != nil || len(logged) != 0 {
+		t.Fatalf("manual: %v %q", err, logged)
+	}
+	c.KataFSX.Cache.Prune = config.PruneAuto
+	round := make(chan struct{}, 1)
+	stop := startAutoPrune(context.Background(), c, logf, func() { round <- struct{}{} })
+	<-round // the prune at start
+	stop()
+	if _, err := os.Stat(p); !os.IsNotExist(err) {
+		t.Fatalf("the blob over budget: %v, want it pruned", err)
+	}
+	if len(logged) != 1 || !strings.Contains(logged[0], "cache blobs:") || !strings.Contains(logged[0], "removed 1 entry") {
+		t.Fatalf("log %q", logged)
 	}
 }
