@@ -107,7 +107,7 @@ func TestCacheLsPrune(t *testing.T) {
 	}
 	code, out, stderr = run(t, "cache", "prune", "--budget-mb", "0", "--min-age-minutes", "0", "--dry-run", "--json")
 	var dry []PruneReport
-	if code != 0 || json.Unmarshal([]byte(out), &dry) != nil || len(dry) != 3 || len(dry[2].Removed) != 2 || !dry[2].DryRun {
+	if code != 0 || json.Unmarshal([]byte(out), &dry) != nil || len(dry) != 4 || dry[3].Name != "content" || len(dry[3].Removed) != 2 || !dry[3].DryRun {
 		t.Fatalf("dry run: exit %d: %s%s", code, out, stderr)
 	}
 	if after := cacheLs(t); after["content"].Entries != 2 || after["blobs"].Entries != 2 || after["indexes"].Entries != ls["indexes"].Entries {

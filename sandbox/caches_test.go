@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/nodecache"
+	"github.com/kata-fsx/kata-fsx/nodecache/node"
 	"github.com/kata-fsx/kata-fsx/test/registrytest"
 )
 
@@ -24,7 +26,9 @@ func TestDiskBuiltCaches(t *testing.T) {
 	layout, state := t.TempDir(), t.TempDir()
 	l1, l2 := t.TempDir(), t.TempDir()
 	for i, d := range []string{l1, l2} {
-		if err := os.WriteFile(filepath.Join(d, "f"), bytes.Repeat([]byte{byte(i + 1)}, 3<<20), 0o644); err != nil {
+		// Distinct names: a file the upper layer shadowed would leave its
+		// blob unreferenced by the disk, and so not held.
+		if err := os.WriteFile(filepath.Join(d, fmt.Sprintf("f%d", i)), bytes.Repeat([]byte{byte(i + 1)}, 3<<20), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -77,6 +81,16 @@ func TestDiskBuiltCaches(t *testing.T) {
 	}
 	if _, err := os.Stat(stale); !os.IsNotExist(err) {
 		t.Fatalf("the stale blob: %v, want it pruned", err)
+	}
+	// The disk's synthesized metadata: one entry of the metadata cache, in use.
+	for _, b := range node.Caches(cfg) {
+		if b.Cache.Name() != "metadata" {
+			continue
+		}
+		es, err := b.Cache.Entries(ctx)
+		if err != nil || len(es) != 1 || !es[0].InUse {
+			t.Fatalf("metadata cache while the disk is served: %+v %v, want its image in use", es, err)
+		}
 	}
 	stopServing()
 	// The hold ends with serving (released by an AfterFunc): wait for it.

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"github.com/kata-fsx/kata-fsx/blk"
+	"github.com/kata-fsx/kata-fsx/blk/imagestore"
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
 	"github.com/kata-fsx/kata-fsx/config"
@@ -25,9 +27,7 @@ func Caches(c *config.Config) []nodecache.Budgeted {
 	blkCache := filepath.Join(state, "cache")      // blk.Options.CacheDir, as the shim and cli set it
 	lazyIndexes := filepath.Join(state, "indexes") // lazyroot's index cache
 	caches := []nodecache.Cache{
-		// TODO(issue 19, metadata once per image): add the metadata cache
-		// here when blk/imagestore lands, one line:
-		//   imagestore.NodeCache(filepath.Join(blkCache, "images")),
+		imagestore.NodeCache(blk.ImageStoreDir(blkCache)),
 		&nodecache.Union{CacheName: "indexes", Parts: []nodecache.Part{
 			{Prefix: "layer", Cache: overlayfs.NodeCache(blkCache)},
 			{Prefix: "lazy", Cache: lazyimage.IndexNodeCache(lazyIndexes)},

@@ -46,7 +46,7 @@ func TestCaches(t *testing.T) {
 			t.Fatalf("%s on an empty state directory: %v %v", b.Cache.Name(), es, err)
 		}
 	}
-	want := map[string]int64{"indexes": 1 << 30, "blobs": nodecache.Unlimited, "content": 20 << 30}
+	want := map[string]int64{"metadata": 4 << 30, "indexes": 1 << 30, "blobs": nodecache.Unlimited, "content": 20 << 30}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("cache %s budget %d, want %d", k, got[k], v)
