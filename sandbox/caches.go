@@ -9,7 +9,6 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk"
 	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 	"github.com/kata-fsx/kata-fsx/nodecache"
-	"github.com/kata-fsx/kata-fsx/nodecache/node"
 )
 
 // autoPruneTimeout bounds the prune a disk build starts in the background.
@@ -19,7 +18,7 @@ const autoPruneTimeout = 5 * time.Minute
 // and served with serveCtx: it holds the layer blobs the disk reads from
 // the blob cache in use until serveCtx ends (the disk is removed or the
 // sandbox stops), so that no prune takes them from under a running pod,
-// and it starts a prune of the node caches to their budgets in the
+// and it starts a prune (Spec.PruneCaches) of the node caches to their budgets in the
 // background ([kata_fsx.cache] prune = "auto"), bounded and never failing
 // the pod: its problems are logged. The channel closes when that prune
 // is over (for tests; the sandbox does not wait for it).
@@ -34,11 +33,15 @@ func (s *Sandbox) diskBuilt(serveCtx context.Context, d *blk.Disk, opts blk.Opti
 		context.AfterFunc(serveCtx, release)
 	}
 	done := make(chan struct{})
+	if s.pruneCaches == nil {
+		close(done)
+		return done
+	}
 	go func() {
 		defer close(done)
 		ctx, cancel := context.WithTimeout(s.life, autoPruneTimeout)
 		defer cancel()
-		ran, rs, err := node.AutoPrune(ctx, s.cfg, func(format string, args ...any) { lg.Debugf(format, args...) })
+		ran, rs, err := s.pruneCaches(ctx, s.cfg, func(format string, args ...any) { lg.Debugf(format, args...) })
 		if err != nil {
 			lg.Warnf("node caches: prune: %v", err)
 		}

@@ -63,7 +63,7 @@ func TestDiskBuiltCaches(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Remove()
-	s := &Sandbox{ID: "caches", cfg: cfg, life: ctx}
+	s := &Sandbox{ID: "caches", cfg: cfg, life: ctx, pruneCaches: node.AutoPrune}
 	<-s.diskBuilt(serveCtx, d, opts)
 
 	blobs := index.BlobCache(opts.CacheDir)
