@@ -57,6 +57,25 @@ func HostCostSteps() []HostCostStep {
 	}
 }
 
+// hostCostSteps are the steps the pass runs: the baseline and those of
+// --only (all when it is empty).
+func (d *driver) hostCostSteps() ([]HostCostStep, error) {
+	var out []HostCostStep
+	known := map[string]bool{}
+	for _, st := range HostCostSteps() {
+		known[st.Name] = true
+		if st.Name == baselineStep || selected(d.o.Only, st.Name) {
+			out = append(out, st)
+		}
+	}
+	for _, w := range strings.Split(d.o.Only, ",") {
+		if w = strings.TrimSpace(w); w != "" && !known[w] {
+			return nil, fmt.Errorf("--only %s: not a --hostcost workload (those are stat, chown, create, seqread, randread, write-fsync)", w)
+		}
+	}
+	return out, nil
+}
+
 // HostCostDefaultBackends are the rows of the pass without --backends: one
 // of each way the rootfs reaches the guest.
 func HostCostDefaultBackends() string {
@@ -108,13 +127,17 @@ func (d *driver) hostCost(ctx context.Context, started time.Time, stdout io.Writ
 	if _, err := exec.LookPath("strace"); err != nil {
 		return fmt.Errorf("--hostcost counts system calls with strace: %w", err)
 	}
-	rep := &HostCostReport{Date: started.UTC().Format(time.RFC3339), Command: d.o.Command, Host: d.host, Steps: HostCostSteps()}
+	steps, err := d.hostCostSteps()
+	if err != nil {
+		return err
+	}
+	rep := &HostCostReport{Date: started.UTC().Format(time.RFC3339), Command: d.o.Command, Host: d.host, Steps: steps}
 	for i, r := range d.o.Backends {
 		if ctx.Err() != nil {
 			rep.Rows = append(rep.Rows, &HostCostRow{Spec: r.Spec, Kind: r.Kind, Error: "not run: interrupted"})
 			continue
 		}
-		rep.Rows = append(rep.Rows, d.hostCostRow(ctx, i, r))
+		rep.Rows = append(rep.Rows, d.hostCostRow(ctx, i, r, steps))
 	}
 	rep.Seconds = time.Since(started).Seconds()
 	if err := os.MkdirAll(filepath.Dir(d.o.HostCostJSON), 0o755); err != nil {
@@ -147,7 +170,7 @@ func (d *driver) hostCost(ctx context.Context, started time.Time, stdout io.Writ
 	return ctx.Err()
 }
 
-func (d *driver) hostCostRow(ctx context.Context, n int, r Row) *HostCostRow {
+func (d *driver) hostCostRow(ctx context.Context, n int, r Row, steps []HostCostStep) *HostCostRow {
 	res := &HostCostRow{Spec: r.Spec, Kind: r.Kind, Raw: map[string]Counts{}, Net: map[string]Counts{}, Failed: map[string]string{}}
 	started := time.Now()
 	defer func() { res.Seconds = time.Since(started).Seconds() }()
@@ -167,7 +190,7 @@ func (d *driver) hostCostRow(ctx context.Context, n int, r Row) *HostCostRow {
 	ctx, cancel := context.WithTimeout(ctx, d.o.RowTimeout)
 	defer cancel()
 	dir := filepath.Join(d.tmp, fmt.Sprintf("hostcost%d", n))
-	err := d.hostCostBoots(ctx, dir, n, r, res)
+	err := d.hostCostBoots(ctx, dir, n, r, steps, res)
 	if rmErr := os.RemoveAll(dir); rmErr != nil {
 		err = errors.Join(err, rmErr)
 	}
@@ -190,15 +213,15 @@ func (d *driver) hostCostRow(ctx context.Context, n int, r Row) *HostCostRow {
 
 // hostCostBoots runs the row's counting pod, and for virtio-fs a second
 // pod whose daemon logs every request.
-func (d *driver) hostCostBoots(ctx context.Context, dir string, n int, r Row, res *HostCostRow) error {
+func (d *driver) hostCostBoots(ctx context.Context, dir string, n int, r Row, steps []HostCostStep, res *HostCostRow) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	if err := d.hostCostBoot(ctx, filepath.Join(dir, "syscalls"), n, r, false, res); err != nil {
+	if err := d.hostCostBoot(ctx, filepath.Join(dir, "syscalls"), n, r, steps, false, res); err != nil {
 		return err
 	}
 	if r.Kind == KindVirtioFS {
-		return d.hostCostBoot(ctx, filepath.Join(dir, "requests"), n, r, true, res)
+		return d.hostCostBoot(ctx, filepath.Join(dir, "requests"), n, r, steps, true, res)
 	}
 	return nil
 }
@@ -207,7 +230,7 @@ func (d *driver) hostCostBoots(ctx context.Context, dir string, n int, r Row, re
 // it. With fuseLog (virtio-fs only) the daemon runs with -d and only its
 // log writes are traced, for the request counts; otherwise the system
 // calls are counted and, on block rows, the disk's requests.
-func (d *driver) hostCostBoot(ctx context.Context, dir string, n int, r Row, fuseLog bool, res *HostCostRow) (err error) {
+func (d *driver) hostCostBoot(ctx context.Context, dir string, n int, r Row, steps []HostCostStep, fuseLog bool, res *HostCostRow) (err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
@@ -215,12 +238,14 @@ func (d *driver) hostCostBoot(ctx context.Context, dir string, n int, r Row, fus
 	if err != nil {
 		return err
 	}
+	// Counts do not depend on speed: a pod booting slowly on a loaded host
+	// is waited for rather than failed.
+	extra := "[agent.kata]\ndial_timeout = 300\n"
 	if fuseLog {
-		threads := max(r.Threads, 1)
-		extra := fmt.Sprintf("[hypervisor.qemu]\nvirtio_fs_extra_args = [\"--thread-pool-size=%d\", \"-d\"]\n", threads)
-		if err := os.WriteFile(filepath.Join(filepath.Dir(cfg), "config.d", "zzz-hostcost.toml"), []byte(extra), 0o644); err != nil {
-			return err
-		}
+		extra += fmt.Sprintf("[hypervisor.qemu]\nvirtio_fs_extra_args = [\"--thread-pool-size=%d\", \"-d\"]\n", max(r.Threads, 1))
+	}
+	if err := os.WriteFile(filepath.Join(filepath.Dir(cfg), "config.d", "zzz-hostcost.toml"), []byte(extra), 0o644); err != nil {
+		return err
 	}
 	rootfs, err := d.rowRootfs(ctx, dir, r)
 	if err != nil {
@@ -251,7 +276,7 @@ func (d *driver) hostCostBoot(ctx context.Context, dir string, n int, r Row, fus
 	if !fuseLog {
 		res.Serving = names
 	}
-	for _, st := range HostCostSteps() {
+	for _, st := range steps {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
