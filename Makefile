@@ -134,7 +134,7 @@ bench-suite: build guest
 # bench-hostcost is `kata-fsx bench --hostcost`: per backend and workload,
 # the requests the host served and the system calls of the process serving
 # the rootfs (strace), into docs/bench/hostcost.json and the host-cost
-# section of docs/benchmarks.md; about 15 minutes here.
+# section of docs/benchmarks.md; about 6 minutes here.
 bench-hostcost: build guest
 	img=$$(test/fixtures/bench-image.sh $(BUILD)/cache) && bin/kata-fsx bench --hostcost --image "$$img" $(BENCH_FLAGS)
 

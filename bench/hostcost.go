@@ -79,7 +79,7 @@ func (d *driver) hostCostSteps() ([]HostCostStep, error) {
 // HostCostDefaultBackends are the rows of the pass without --backends: one
 // of each way the rootfs reaches the guest.
 func HostCostDefaultBackends() string {
-	return strings.Join([]string{KindVirtio9P, "virtio-fs:cache=auto", KindImagefsBlk, KindVirtioBlk}, ";")
+	return strings.Join([]string{"virtio-fs:cache=auto", KindVirtio9P, KindImagefsBlk, KindVirtioBlk}, ";")
 }
 
 // HostCostReport is the JSON document of a host-cost pass.
@@ -140,6 +140,7 @@ func (d *driver) hostCost(ctx context.Context, started time.Time, stdout io.Writ
 		rep.Rows = append(rep.Rows, d.hostCostRow(ctx, i, r, steps))
 	}
 	rep.Seconds = time.Since(started).Seconds()
+	rep.Host["loadavg_end"] = LoadAvg()
 	if err := os.MkdirAll(filepath.Dir(d.o.HostCostJSON), 0o755); err != nil {
 		return err
 	}
@@ -242,7 +243,7 @@ func (d *driver) hostCostBoot(ctx context.Context, dir string, n int, r Row, ste
 	// is waited for rather than failed.
 	extra := "[agent.kata]\ndial_timeout = 300\n"
 	if fuseLog {
-		extra += fmt.Sprintf("[hypervisor.qemu]\nvirtio_fs_extra_args = [\"--thread-pool-size=%d\", \"-d\"]\n", max(r.Threads, 1))
+		extra += fmt.Sprintf("[hypervisor.qemu]\nvirtio_fs_extra_args = [\"--thread-pool-size=%d\", \"-d\", \"-o\", \"log_level=debug\"]\n", max(r.Threads, 1))
 	}
 	if err := os.WriteFile(filepath.Join(filepath.Dir(cfg), "config.d", "zzz-hostcost.toml"), []byte(extra), 0o644); err != nil {
 		return err

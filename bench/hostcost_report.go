@@ -14,21 +14,25 @@ const hostCostSection = "host-cost"
 // what they were made of.
 func HostCostMarkdown(rep *HostCostReport, jsonPath string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Host cost of each workload, counted by `%s` on %s (%s CPUs, %s; QEMU %s; virtiofsd %s). Raw counts: [%s](%s).\n\n",
+	fmt.Fprintf(&b, "Host cost of each workload, counted by `%s` on %s (%s CPUs, %s; %s; virtiofsd %s). Raw counts: [%s](%s).\n",
 		rep.Command, rep.Date, rep.Host["cpus"], accelLabel(rep.Host["accel"]), rep.Host["qemu"], rep.Host["virtiofsd"], baseName(jsonPath), relLink(jsonPath))
 	var rows []*HostCostRow
+	var notes []string
 	for _, r := range rep.Rows {
 		if r.Skipped != "" {
-			fmt.Fprintf(&b, "- %s: skipped: %s\n", r.Spec, r.Skipped)
+			notes = append(notes, fmt.Sprintf("- %s: skipped: %s\n", r.Spec, r.Skipped))
 			continue
 		}
 		if r.Error != "" {
-			fmt.Fprintf(&b, "- %s: **failed**: %s\n", r.Spec, oneLine(r.Error, 300))
+			notes = append(notes, fmt.Sprintf("- %s: **failed**: %s\n", r.Spec, oneLine(r.Error, 300)))
 		}
 		for _, s := range sortedKeys(r.Failed) {
-			fmt.Fprintf(&b, "- %s, %s: **failed**: %s\n", r.Spec, s, oneLine(r.Failed[s], 300))
+			notes = append(notes, fmt.Sprintf("- %s, %s: **failed**: %s\n", r.Spec, s, oneLine(r.Failed[s], 300)))
 		}
 		rows = append(rows, r)
+	}
+	if len(notes) > 0 {
+		b.WriteString("\n" + strings.Join(notes, ""))
 	}
 	if len(rows) == 0 {
 		b.WriteString("\nNo row was counted.\n")
