@@ -190,7 +190,7 @@ func (d *driver) hostCostRow(ctx context.Context, n int, r Row, steps []HostCost
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.o.RowTimeout)
 	defer cancel()
-	dir := filepath.Join(d.tmp, fmt.Sprintf("hostcost%d", n))
+	dir := filepath.Join(d.tmp, fmt.Sprintf("hc%d", n))
 	err := d.hostCostBoots(ctx, dir, n, r, steps, res)
 	if rmErr := os.RemoveAll(dir); rmErr != nil {
 		err = errors.Join(err, rmErr)
@@ -218,11 +218,11 @@ func (d *driver) hostCostBoots(ctx context.Context, dir string, n int, r Row, st
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	if err := d.hostCostBoot(ctx, filepath.Join(dir, "syscalls"), n, r, steps, false, res); err != nil {
+	if err := d.hostCostBoot(ctx, filepath.Join(dir, "s"), n, r, steps, false, res); err != nil {
 		return err
 	}
 	if r.Kind == KindVirtioFS {
-		return d.hostCostBoot(ctx, filepath.Join(dir, "requests"), n, r, steps, true, res)
+		return d.hostCostBoot(ctx, filepath.Join(dir, "f"), n, r, steps, true, res)
 	}
 	return nil
 }
@@ -252,9 +252,11 @@ func (d *driver) hostCostBoot(ctx context.Context, dir string, n int, r Row, ste
 	if err != nil {
 		return err
 	}
-	id := fmt.Sprintf("hostcost-%d-%d", n, os.Getpid())
+	// Short: the pod's sockets live below dir, and a unix socket's path
+	// has at most 107 bytes.
+	id := fmt.Sprintf("hc%d-%d", n, os.Getpid())
 	if fuseLog {
-		id += "-fuse"
+		id += "f"
 	}
 	what := "system calls"
 	if fuseLog {

@@ -16,6 +16,12 @@ import (
 // the host block requests and system calls of the serving process (kata-fsx
 // run) beyond the no-op baseline, and the report must table them.
 func TestBenchHostCost(t *testing.T) {
+	sum := func(m map[string]int64) (n int64) {
+		for _, v := range m {
+			n += v
+		}
+		return n
+	}
 	e := newEnv(t, "")
 	img := benchImage(t)
 	// The pass's tree workloads walk node_modules/lodash.
@@ -71,6 +77,7 @@ func TestBenchHostCost(t *testing.T) {
 		t.Errorf("no system calls counted in the baseline step: %s", b)
 	}
 	stat := row.Net["stat"]
+	t.Logf("stat, net of the baseline: requests %v; preadv %d of %d system calls", stat.Requests, stat.Syscalls["preadv"], sum(stat.Syscalls))
 	// The guest's caches were dropped: its lstats read inodes and
 	// directories from the disk, which kata-fsx serves with preadv.
 	if stat.Requests["read"] <= 0 || stat.Syscalls["preadv"] <= 0 {
