@@ -60,18 +60,25 @@ func HostCostSteps() []HostCostStep {
 // hostCostSteps are the steps the pass runs: the baseline and those of
 // --only (all when it is empty).
 func (d *driver) hostCostSteps() ([]HostCostStep, error) {
+	want := map[string]bool{}
+	for _, w := range strings.Split(d.o.Only, ",") {
+		if w = strings.TrimSpace(w); w != "" {
+			want[w] = true
+		}
+	}
 	var out []HostCostStep
 	known := map[string]bool{}
 	for _, st := range HostCostSteps() {
 		known[st.Name] = true
-		if st.Name == baselineStep || selected(d.o.Only, st.Name) {
+		if st.Name == baselineStep || len(want) == 0 || want[st.Name] {
 			out = append(out, st)
 		}
 	}
-	for _, w := range strings.Split(d.o.Only, ",") {
-		if w = strings.TrimSpace(w); w != "" && !known[w] {
-			return nil, fmt.Errorf("--only %s: not a --hostcost workload (those are stat, chown, create, seqread, randread, write-fsync)", w)
+	for w := range want {
+		if known[w] {
+			continue
 		}
+		return nil, fmt.Errorf("--only %s: not a --hostcost workload (those are stat, chown, create, seqread, randread, write-fsync)", w)
 	}
 	return out, nil
 }
@@ -284,6 +291,9 @@ func (d *driver) hostCostBoot(ctx context.Context, dir string, n int, r Row, ste
 			return ctx.Err()
 		}
 		c, err := d.hostCostStep(ctx, dir, cfg, id, pids, st, fuseLog)
+		if err != nil && ctx.Err() != nil {
+			return fmt.Errorf("%s: interrupted: %w", st.Name, ctx.Err())
+		}
 		if err != nil {
 			res.Failed[st.Name] = err.Error()
 			d.logf("%s: %s: %s", r.Spec, st.Name, truncate(err.Error(), 400))
@@ -350,7 +360,10 @@ func (d *driver) startKeptPod(ctx context.Context, dir, cfg, backend, rootfs, id
 	}
 	cmd := exec.Command(d.o.KataFSX, "run", "--config", cfg, "--backend", backend, "--rootfs", rootfs, "--keep", "--id", id, "--", "/bin/true")
 	cmd.Stdout, cmd.Stderr = io.Discard, pw
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	// Its own process group: a Ctrl-C at the terminal reaches only the
+	// bench, which then stops the pod with one SIGTERM and waits for its
+	// teardown; the pod dies with the bench all the same.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM, Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		pr.Close()
 		pw.Close()

@@ -222,3 +222,28 @@ func TestNum(t *testing.T) {
 		}
 	}
 }
+
+// TestHostCostSteps: --only picks workloads and the baseline always runs;
+// a name the pass does not have is an error, not an empty run.
+func TestHostCostSteps(t *testing.T) {
+	d := &driver{o: Options{Only: "chown, seqread"}}
+	steps, err := d.hostCostSteps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, st := range steps {
+		names = append(names, st.Name)
+	}
+	if got := strings.Join(names, ","); got != "baseline,chown,seqread" {
+		t.Errorf("steps %s, want baseline,chown,seqread", got)
+	}
+	d.o.Only = ""
+	if all, _ := d.hostCostSteps(); len(all) != len(HostCostSteps()) {
+		t.Errorf("no --only: %d steps, want all %d", len(all), len(HostCostSteps()))
+	}
+	d.o.Only = "chown,dbench"
+	if _, err := d.hostCostSteps(); err == nil || !strings.Contains(err.Error(), "dbench") {
+		t.Errorf("unknown workload: %v", err)
+	}
+}
