@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/metrics"
 )
 
 // The host-cost pass (`kata-fsx bench --hostcost`) counts what each backend
@@ -121,7 +123,9 @@ type HostCostRow struct {
 // requestSource says how a row's requests are counted; "" when they are not.
 func requestSource(kind string) string {
 	switch kind {
-	case KindImagefsBlk, KindVirtioBlk:
+	case KindImagefsBlk:
+		return "the imagefs-blk server's own counters (blk.Disk.Ops, kata_fsx_imagefs_blk_requests_total on the pod's metrics socket, `run --metrics`), scraped before and after the step; the guest's /proc/diskstats around the command, in the JSON as guest_disk_requests, tell the same"
+	case KindVirtioBlk:
 		return "guest /proc/diskstats: read, write, flush and discard requests completed by the rootfs disk, each one virtio-blk request the host served"
 	case KindVirtioFS:
 		return "virtiofsd -d: its log line per FUSE request received (\"unique: N, opcode: ...\"), read from a strace of its writes in a second pod, so the logging is not in the system call counts"
@@ -270,7 +274,7 @@ func (d *driver) hostCostBoot(ctx context.Context, dir string, n int, r Row, ste
 		what = "FUSE requests (virtiofsd -d)"
 	}
 	d.logf("%s: pod for %s", r.Spec, what)
-	pod, err := d.startKeptPod(ctx, dir, cfg, r.Kind, rootfs, id)
+	pod, err := d.startKeptPod(ctx, dir, cfg, r.Kind, rootfs, id, r.Kind == KindImagefsBlk)
 	if err != nil {
 		return err
 	}
@@ -290,7 +294,7 @@ func (d *driver) hostCostBoot(ctx context.Context, dir string, n int, r Row, ste
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		c, err := d.hostCostStep(ctx, dir, cfg, id, pids, st, fuseLog)
+		c, err := d.hostCostStep(ctx, dir, cfg, id, pids, st, fuseLog, pod.metrics)
 		if err != nil && ctx.Err() != nil {
 			return fmt.Errorf("%s: interrupted: %w", st.Name, ctx.Err())
 		}
@@ -303,7 +307,7 @@ func (d *driver) hostCostBoot(ctx context.Context, dir string, n int, r Row, ste
 		if fuseLog {
 			raw.Requests = c.Requests
 		} else {
-			raw.Syscalls = c.Syscalls
+			raw.Syscalls, raw.GuestDisk = c.Syscalls, c.GuestDisk
 			if r.Kind == KindImagefsBlk || r.Kind == KindVirtioBlk {
 				raw.Requests = c.Requests
 			}
@@ -344,10 +348,12 @@ func (d *driver) rowRootfs(ctx context.Context, dir string, r Row) (string, erro
 type keptPod struct {
 	cmd  *exec.Cmd
 	done chan error
+	// metrics is the pod's metrics socket, "" when not served.
+	metrics string
 }
 
 // startKeptPod boots the pod and returns once run says it keeps running.
-func (d *driver) startKeptPod(ctx context.Context, dir, cfg, backend, rootfs, id string) (*keptPod, error) {
+func (d *driver) startKeptPod(ctx context.Context, dir, cfg, backend, rootfs, id string, withMetrics bool) (*keptPod, error) {
 	logPath := filepath.Join(dir, "run.log")
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -358,7 +364,11 @@ func (d *driver) startKeptPod(ctx context.Context, dir, cfg, backend, rootfs, id
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(d.o.KataFSX, "run", "--config", cfg, "--backend", backend, "--rootfs", rootfs, "--keep", "--id", id, "--", "/bin/true")
+	args := []string{"run", "--config", cfg, "--backend", backend, "--rootfs", rootfs, "--keep", "--id", id}
+	if withMetrics {
+		args = append(args, "--metrics")
+	}
+	cmd := exec.Command(d.o.KataFSX, append(args, "--", "/bin/true")...)
 	cmd.Stdout, cmd.Stderr = io.Discard, pw
 	// Its own process group: a Ctrl-C at the terminal reaches only the
 	// bench, which then stops the pod with one SIGTERM and waits for its
@@ -377,6 +387,9 @@ func (d *driver) startKeptPod(ctx context.Context, dir, cfg, backend, rootfs, id
 		signalled := false
 		for sc.Scan() {
 			fmt.Fprintln(logf, sc.Text())
+			if sock, ok := strings.CutPrefix(sc.Text(), "kata-fsx run: metrics on "); ok && !signalled {
+				p.metrics = strings.TrimSpace(sock)
+			}
 			if !signalled && strings.Contains(sc.Text(), "keeps running") {
 				close(ready)
 				signalled = true
@@ -387,6 +400,9 @@ func (d *driver) startKeptPod(ctx context.Context, dir, cfg, backend, rootfs, id
 	}()
 	select {
 	case <-ready:
+		if withMetrics && p.metrics == "" {
+			return p, fmt.Errorf("kata-fsx run --metrics named no metrics socket%s", tailOf(logPath, 800))
+		}
 		return p, nil
 	case err := <-p.done:
 		p.done <- err
@@ -477,7 +493,7 @@ printf '@@BEFORE\n%s\n@@AFTER\n%s\n@@RC %d\n' "$b" "$a" "$rc"
 
 // hostCostStep runs one step: its preparation and a cache drop uncounted,
 // then its command with strace attached to the serving processes.
-func (d *driver) hostCostStep(ctx context.Context, dir, cfg, id string, pids []int, st HostCostStep, fuseLog bool) (Counts, error) {
+func (d *driver) hostCostStep(ctx context.Context, dir, cfg, id string, pids []int, st HostCostStep, fuseLog bool, metricsSock string) (Counts, error) {
 	prep := "sync; echo 3 > /proc/sys/vm/drop_caches"
 	if st.Prep != "" {
 		prep = "(" + st.Prep + ") && " + prep
@@ -496,6 +512,15 @@ func (d *driver) hostCostStep(ctx context.Context, dir, cfg, id string, pids []i
 	for _, p := range pids {
 		args = append(args, "-p", strconv.Itoa(p))
 	}
+	// The server's own counters are read outside strace's window: the
+	// scrape is served by the traced process.
+	var ops0, ops1 map[string]int64
+	var err error
+	if metricsSock != "" {
+		if ops0, err = blkRequests(ctx, metricsSock); err != nil {
+			return Counts{}, err
+		}
+	}
 	tr, err := startStrace(ctx, args, len(pids))
 	if err != nil {
 		return Counts{}, err
@@ -503,6 +528,11 @@ func (d *driver) hostCostStep(ctx context.Context, dir, cfg, id string, pids []i
 	stdout, runErr := d.execIn(ctx, cfg, id, "/bin/sh", "-c", stepScript, "hostcost", st.Cmd)
 	if err := tr.stop(); err != nil {
 		return Counts{}, err
+	}
+	if metricsSock != "" && runErr == nil {
+		if ops1, err = blkRequests(ctx, metricsSock); err != nil {
+			return Counts{}, err
+		}
 	}
 	if runErr != nil {
 		return Counts{}, runErr
@@ -526,7 +556,21 @@ func (d *driver) hostCostStep(ctx context.Context, dir, cfg, id string, pids []i
 	if err != nil {
 		return Counts{}, err
 	}
-	return Counts{Syscalls: calls, Requests: minus(after, before)}, nil
+	disk := minus(after, before)
+	if metricsSock != "" {
+		return Counts{Syscalls: calls, Requests: minus(ops1, ops0), GuestDisk: disk}, nil
+	}
+	return Counts{Syscalls: calls, Requests: disk}, nil
+}
+
+// blkRequests scrapes the pod's metrics for the imagefs-blk server's
+// requests by operation.
+func blkRequests(ctx context.Context, sock string) (map[string]int64, error) {
+	fams, err := metrics.ScrapeUnix(ctx, sock, 4<<20)
+	if err != nil {
+		return nil, err
+	}
+	return RequestsByOp(fams, "kata_fsx_imagefs_blk_requests_total")
 }
 
 // execIn runs a command in the pod's container and returns its stdout.

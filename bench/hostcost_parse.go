@@ -3,9 +3,12 @@ package bench
 import (
 	"bufio"
 	"fmt"
+	"math"
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/kata-fsx/kata-fsx/metrics"
 )
 
 // Counts are one measurement of a host-cost step: the serving process's
@@ -13,6 +16,9 @@ import (
 type Counts struct {
 	Syscalls map[string]int64 `json:"syscalls"`
 	Requests map[string]int64 `json:"requests,omitempty"`
+	// GuestDisk are the rootfs disk's requests as the guest's diskstats
+	// count them, beside Requests when those come from the host side.
+	GuestDisk map[string]int64 `json:"guest_disk_requests,omitempty"`
 }
 
 // SyscallTotal is the sum of the system calls of every name.
@@ -58,7 +64,7 @@ func sum(m map[string]int64) int64 {
 // as timer wake-ups of a longer baseline), and hiding it would inflate the
 // total.
 func (c Counts) Minus(b Counts) Counts {
-	return Counts{Syscalls: minus(c.Syscalls, b.Syscalls), Requests: minus(c.Requests, b.Requests)}
+	return Counts{Syscalls: minus(c.Syscalls, b.Syscalls), Requests: minus(c.Requests, b.Requests), GuestDisk: minus(c.GuestDisk, b.GuestDisk)}
 }
 
 func minus(a, b map[string]int64) map[string]int64 {
@@ -242,4 +248,32 @@ func ParseStepOutput(out string) (before, after map[string]int64, rc int, err er
 		return nil, nil, 0, fmt.Errorf("step exit status %q: %w", truncate(line, 40), err)
 	}
 	return before, after, rc, nil
+}
+
+// RequestsByOp sums a counter family's samples by their op label; an
+// absent family is an error (the server did not export its counters).
+func RequestsByOp(fams []metrics.Family, name string) (map[string]int64, error) {
+	for _, f := range fams {
+		if f.Name != name {
+			continue
+		}
+		out := map[string]int64{}
+		for _, s := range f.Samples {
+			if s.Name != name {
+				continue
+			}
+			if s.Value < 0 || s.Value > math.MaxInt64/2 || s.Value != math.Trunc(s.Value) {
+				return nil, fmt.Errorf("%s: value %v is not a count", name, s.Value)
+			}
+			op := "other"
+			for _, l := range s.Labels {
+				if l.Name == "op" {
+					op = l.Value
+				}
+			}
+			out[op] += int64(s.Value)
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("metrics: no %s family", name)
 }

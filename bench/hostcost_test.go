@@ -4,6 +4,8 @@ import (
 	"maps"
 	"strings"
 	"testing"
+
+	"github.com/kata-fsx/kata-fsx/metrics"
 )
 
 // straceSummary is strace 6.1's -c table as it wrote it for a kata-fsx run
@@ -245,5 +247,33 @@ func TestHostCostSteps(t *testing.T) {
 	d.o.Only = "chown,dbench"
 	if _, err := d.hostCostSteps(); err == nil || !strings.Contains(err.Error(), "dbench") {
 		t.Errorf("unknown workload: %v", err)
+	}
+}
+
+// TestRequestsByOp: the imagefs-blk server's counter family, as its
+// metrics socket serves it, becomes requests by operation.
+func TestRequestsByOp(t *testing.T) {
+	text := `# HELP kata_fsx_imagefs_blk_requests_total Virtio-blk requests.
+# TYPE kata_fsx_imagefs_blk_requests_total counter
+kata_fsx_imagefs_blk_requests_total{sandbox_id="p",op="read"} 1097
+kata_fsx_imagefs_blk_requests_total{sandbox_id="p",op="write"} 83
+kata_fsx_imagefs_blk_requests_total{sandbox_id="p",op="flush"} 2
+kata_fsx_imagefs_blk_requests_total{sandbox_id="p",op="discard"} 0
+# TYPE kata_fsx_imagefs_blk_errors_total counter
+kata_fsx_imagefs_blk_errors_total{sandbox_id="p",op="read"} 5
+`
+	fams, err := metrics.Parse(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := RequestsByOp(fams, "kata_fsx_imagefs_blk_requests_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int64{"read": 1097, "write": 83, "flush": 2, "discard": 0}; !maps.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	if _, err := RequestsByOp(fams, "kata_fsx_missing_total"); err == nil {
+		t.Error("a missing family gave no error")
 	}
 }
