@@ -18,7 +18,7 @@ STATEDIR   ?= /var/lib/kata-fsx/imagefs-blk
 LDFLAGS    := -X github.com/kata-fsx/kata-fsx/cli.Version=$(VERSION) -X github.com/kata-fsx/kata-fsx/shim.Version=$(VERSION)
 BINARIES   := kata-fsx containerd-shim-kata-fsx-v2 kata-fsx-overlay
 
-.PHONY: all build test lint fuzz install clean guest guest-kernel guest-image bench bench-suite bench-image bench-blk
+.PHONY: all build test lint fuzz install clean guest guest-kernel guest-image bench bench-suite bench-image bench-blk bench-hostcost
 
 all: build
 
@@ -130,6 +130,13 @@ bench: bench-suite bench-image bench-blk
 
 bench-suite: build guest
 	img=$$(test/fixtures/bench-image.sh $(BUILD)/cache) && bin/kata-fsx bench --image "$$img" $(BENCH_FLAGS)
+
+# bench-hostcost is `kata-fsx bench --hostcost`: per backend and workload,
+# the requests the host served and the system calls of the process serving
+# the rootfs (strace), into docs/bench/hostcost.json and the host-cost
+# section of docs/benchmarks.md; about 6 minutes here.
+bench-hostcost: build guest
+	img=$$(test/fixtures/bench-image.sh $(BUILD)/cache) && bin/kata-fsx bench --hostcost --image "$$img" $(BENCH_FLAGS)
 
 bench-image:
 	$(GO) run ./test/bench/imagebench -reps 5

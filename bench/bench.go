@@ -50,6 +50,10 @@ type Options struct {
 	KataFSX      string // the kata-fsx binary the rows run
 	TmpDir       string
 	Command      string // the command line, for the report
+	// HostCost runs the host-cost counting pass instead of the timed
+	// matrix, writing HostCostJSON and its section of OutMD.
+	HostCost     bool
+	HostCostJSON string
 }
 
 type driver struct {
@@ -127,8 +131,17 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, defaultC
 	fs.StringVar(&o.OutMD, "md", "docs/benchmarks.md", "Markdown file whose suite section is replaced (created if missing)")
 	fs.StringVar(&o.ChartDir, "charts", "docs/bench", "directory of the PNG charts")
 	fs.StringVar(&o.TmpDir, "tmp", "", "scratch directory on a disk filesystem (default $TMPDIR)")
+	fs.BoolVar(&o.HostCost, "hostcost", false, "instead of the timed matrix, count each row's host cost per workload (requests served, system calls of the serving process, with strace) into --hostcost-json and the host-cost section of --md; default rows "+HostCostDefaultBackends())
+	fs.StringVar(&o.HostCostJSON, "hostcost-json", "docs/bench/hostcost.json", "raw results of --hostcost")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if o.HostCost {
+		given := false
+		fs.Visit(func(f *flag.Flag) { given = given || f.Name == "backends" })
+		if !given {
+			*backends = HostCostDefaultBackends()
+		}
 	}
 	var err error
 	if o.Backends, err = ParseRows(*backends); err != nil {
@@ -192,6 +205,9 @@ func Run(ctx context.Context, o Options, defaultConfig string, stdout, stderr io
 	}()
 	if err := d.probeHost(ctx); err != nil {
 		return err
+	}
+	if o.HostCost {
+		return d.hostCost(ctx, started, stdout)
 	}
 	d.logf("host: %s, %s CPUs, accelerator %s; QEMU %s; virtiofsd %s", d.host["cpu"], d.host["cpus"], d.accel, d.host["qemu"], d.host["virtiofsd"])
 	if o.Budget > 0 {

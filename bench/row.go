@@ -190,27 +190,11 @@ func (d *driver) runVM(ctx context.Context, dir string, n int, r Row, clock rowC
 	if err != nil {
 		return err
 	}
-	backend, rootfs := r.Kind, ""
-	switch r.Kind {
-	case KindVirtioFS, KindVirtio9P:
-		// The guest writes into its rootfs: each row gets a pristine copy.
-		rootfs = filepath.Join(dir, "rootfs")
-		d.logf("%s: copying the bench image", r.Spec)
-		if out, err := exec.CommandContext(ctx, "cp", "-a", d.o.Image, rootfs).CombinedOutput(); err != nil {
-			return fmt.Errorf("copy bench image: %w: %s", err, out)
-		}
-	case KindImagefsBlk:
-		// One layer, as containerd's snapshotter hands a rootfs to the
-		// shim: the per-layer index cache then works as it does for real
-		// pods (the first boot of the row walks the image, later ones reuse
-		// its index; the guest's writes go to the overlay, not the layer).
-		rootfs = "layers:" + d.o.Image
-	case KindVirtioBlk:
-		raw := filepath.Join(dir, "rootfs.raw")
-		if err := d.exportRaw(ctx, dir, raw); err != nil {
-			return err
-		}
-		rootfs = "raw:" + raw
+	backend := r.Kind
+	// The guest writes into its rootfs: every row gets a pristine one.
+	rootfs, err := d.rowRootfs(ctx, dir, r)
+	if err != nil {
+		return err
 	}
 	only, reps := d.o.Only, d.o.Reps
 	retried := false
