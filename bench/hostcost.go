@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/metrics"
+	"github.com/kata-fsx/kata-fsx/sandbox"
 )
 
 // The host-cost pass (`kata-fsx bench --hostcost`) counts what each backend
@@ -444,7 +445,7 @@ func servingPIDs(runPID int, kind string) ([]int, string, error) {
 		label = "qemu (its virtio-blk device)"
 	}
 	var pids []int
-	for _, p := range descendantPIDs(runPID) {
+	for _, p := range sandbox.Descendants(runPID) {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p))
 		if err == nil && strings.HasPrefix(strings.TrimSpace(string(b)), want) {
 			pids = append(pids, p)
@@ -454,30 +455,6 @@ func servingPIDs(runPID int, kind string) ([]int, string, error) {
 		return nil, "", fmt.Errorf("no %s process below kata-fsx run (pid %d)", want, runPID)
 	}
 	return pids, label, nil
-}
-
-// descendantPIDs lists the processes below pid.
-func descendantPIDs(pid int) []int {
-	var out []int
-	queue := []int{pid}
-	for len(queue) > 0 && len(out) < 1024 {
-		p := queue[0]
-		queue = queue[1:]
-		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", p))
-		for _, t := range tasks {
-			b, err := os.ReadFile(t)
-			if err != nil {
-				continue
-			}
-			for _, f := range strings.Fields(string(b)) {
-				if c, err := strconv.Atoi(f); err == nil {
-					out = append(out, c)
-					queue = append(queue, c)
-				}
-			}
-		}
-	}
-	return out
 }
 
 // stepScript runs the step's command ($1) in the guest between two reads

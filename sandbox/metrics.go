@@ -107,7 +107,7 @@ func (s *Sandbox) CollectMetrics(set *metrics.Set) {
 		if vfsd != nil {
 			// The C virtiofsd serves from a forked child: count the tree.
 			pid := vfsd.Pid()
-			collectProcess(set, "kata_virtiofsd", "Virtiofsd (with its children)", append([]int{pid}, descendants(pid)...))
+			collectProcess(set, "kata_virtiofsd", "Virtiofsd (with its children)", append([]int{pid}, Descendants(pid)...))
 		}
 	}
 	collectProcess(set, "kata_shim", "Kata-fsx shim (the imagefs-blk server)", []int{os.Getpid()})

@@ -75,7 +75,7 @@ func (s *Sandbox) Sample() []ProcessSample {
 func (ps *ProcessSample) read() error {
 	pids := []int{ps.PID}
 	if ps.WithChildren {
-		pids = append(pids, descendants(ps.PID)...)
+		pids = append(pids, Descendants(ps.PID)...)
 	}
 	for i, pid := range pids {
 		io, err := host.ProcFields(fmt.Sprintf("/proc/%d/io", pid))
@@ -98,8 +98,8 @@ func (ps *ProcessSample) read() error {
 	return nil
 }
 
-// descendants lists the processes below pid, children first.
-func descendants(pid int) []int {
+// Descendants lists the processes below pid (from /proc), children first.
+func Descendants(pid int) []int {
 	var out []int
 	queue := []int{pid}
 	for len(queue) > 0 && len(out) < 1024 {
