@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -236,10 +237,35 @@ func dropEmptyUpper(layers, keys []string) ([]string, []string) {
 	if _, err := f.Readdirnames(1); !errors.Is(err, io.EOF) { // io.EOF: empty
 		return layers, keys
 	}
-	if n, err := unix.Flistxattr(int(f.Fd()), nil); err != nil || n != 0 {
+	if !onlyOverlayXattrs(f) {
 		return layers, keys
 	}
 	return layers[:top], keys[:top]
+}
+
+// onlyOverlayXattrs reports whether the directory f has no extended
+// attributes but overlayfs's own: the kernel's overlayfs (6.6 and later)
+// stamps trusted.overlay.uuid (or user.overlay.* with userxattr) on an
+// upper directory the first time it is mounted, which the shim does
+// before the disk is built, and those say nothing about the files.
+func onlyOverlayXattrs(f *os.File) bool {
+	n, err := unix.Flistxattr(int(f.Fd()), nil)
+	if err != nil {
+		return false
+	}
+	if n == 0 {
+		return true
+	}
+	buf := make([]byte, n)
+	if n, err = unix.Flistxattr(int(f.Fd()), buf); err != nil {
+		return false
+	}
+	for _, name := range strings.Split(strings.TrimRight(string(buf[:n]), "\x00"), "\x00") {
+		if !strings.HasPrefix(name, "trusted.overlay.") && !strings.HasPrefix(name, "user.overlay.") {
+			return false
+		}
+	}
+	return true
 }
 
 // create serves idx from the node's image store, or, without a cache

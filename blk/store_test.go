@@ -15,6 +15,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/ext4"
 	"github.com/kata-fsx/kata-fsx/blk/imagestore"
 	"github.com/kata-fsx/kata-fsx/test/testenv"
+	"golang.org/x/sys/unix"
 )
 
 // Two containers of one image, each with its own fresh upper directory,
@@ -152,6 +153,22 @@ func TestDropEmptyUpper(t *testing.T) {
 	}
 	if l, _ := dropEmptyUpper([]string{upper}, []string{""}); len(l) != 1 {
 		t.Fatal("the only layer was dropped")
+	}
+	// overlayfs stamps the upper directory it mounts (6.6 and later).
+	if err := unix.Setxattr(upper, "trusted.overlay.uuid", []byte{1, 2, 3, 4}, 0); err != nil {
+		t.Skipf("trusted xattrs on %s: %v", upper, err)
+	}
+	if l, _ := dropEmptyUpper(layers, keys); len(l) != 1 {
+		t.Fatal("an empty upper with only overlayfs's own xattr was kept")
+	}
+	if err := unix.Setxattr(upper, "trusted.other", []byte("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := dropEmptyUpper(layers, keys); len(l) != 2 {
+		t.Fatal("an upper directory with an xattr of its own was dropped")
+	}
+	if err := unix.Removexattr(upper, "trusted.other"); err != nil {
+		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(upper, "f"), nil, 0o644); err != nil {
 		t.Fatal(err)
