@@ -1,0 +1,45 @@
+// Command densitybench renders the density benchmark's committed result
+// (docs/bench/density.json, written by test/e2e's TestDensityBench) into
+// the density section of docs/benchmarks.md, so the table can change
+// without measuring again.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/kata-fsx/kata-fsx/bench"
+	"github.com/kata-fsx/kata-fsx/test/bench/densitybench/density"
+)
+
+// sectionName marks the benchmark's part of docs/benchmarks.md.
+const sectionName = "density"
+
+func main() {
+	in := flag.String("in", "docs/bench/density.json", "the run's result")
+	doc := flag.String("doc", "docs/benchmarks.md", "the Markdown file whose density section is rewritten")
+	flag.Parse()
+	if err := render(*in, *doc); err != nil {
+		fmt.Fprintln(os.Stderr, "densitybench:", err)
+		os.Exit(1)
+	}
+}
+
+func render(in, doc string) error {
+	b, err := os.ReadFile(in)
+	if err != nil {
+		return fmt.Errorf("read result: %w", err)
+	}
+	var res density.Result
+	if err := json.Unmarshal(b, &res); err != nil {
+		return fmt.Errorf("%s: %w", in, err)
+	}
+	md := res.Markdown()
+	fmt.Print(md)
+	if err := bench.ReplaceSection(doc, sectionName, md); err != nil {
+		return fmt.Errorf("write %s: %w", doc, err)
+	}
+	return nil
+}
