@@ -568,7 +568,8 @@ func kinds(procs []density.Process) []string {
 // printed its line, then stopped; the result goes to KATA_FSX_DENSITY_OUT
 // as JSON (test/bench/densitybench renders it). A count the host's
 // memory cannot hold, or one that would not fit in what is left of
-// KATA_FSX_DENSITY_BUDGET (40m), ends that backend's sweep.
+// KATA_FSX_DENSITY_BUDGET (40m), ends that backend's sweep;
+// KATA_FSX_DENSITY_TITLE names the run in the rendered section.
 func TestDensityBench(t *testing.T) {
 	out := os.Getenv("KATA_FSX_DENSITY_OUT")
 	if out == "" {
@@ -587,6 +588,7 @@ func TestDensityBench(t *testing.T) {
 	requireHostMemory(t, counts[0])
 	began := time.Now()
 	res := density.Result{
+		Title:   os.Getenv("KATA_FSX_DENSITY_TITLE"),
 		Date:    began.UTC().Format(time.RFC3339),
 		Command: "make bench-density KATA_FSX_DENSITY_N=" + envOr("KATA_FSX_DENSITY_N", "1,5,10,20"),
 		Commit:  gitDescribe(),

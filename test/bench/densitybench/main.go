@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/kata-fsx/kata-fsx/bench"
 	"github.com/kata-fsx/kata-fsx/test/bench/densitybench/density"
@@ -18,7 +19,7 @@ import (
 const sectionName = "density"
 
 func main() {
-	in := flag.String("in", "docs/bench/density.json", "the run's result")
+	in := flag.String("in", "docs/bench/density.json", "the runs' results, comma-separated, rendered in that order")
 	doc := flag.String("doc", "docs/benchmarks.md", "the Markdown file whose density section is rewritten")
 	flag.Parse()
 	if err := render(*in, *doc); err != nil {
@@ -28,17 +29,23 @@ func main() {
 }
 
 func render(in, doc string) error {
-	b, err := os.ReadFile(in)
-	if err != nil {
-		return fmt.Errorf("read result: %w", err)
+	var md strings.Builder
+	for i, path := range strings.Split(in, ",") {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("read result: %w", err)
+		}
+		var res density.Result
+		if err := json.Unmarshal(b, &res); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		if i > 0 {
+			md.WriteString("\n")
+		}
+		md.WriteString(res.Markdown())
 	}
-	var res density.Result
-	if err := json.Unmarshal(b, &res); err != nil {
-		return fmt.Errorf("%s: %w", in, err)
-	}
-	md := res.Markdown()
-	fmt.Print(md)
-	if err := bench.ReplaceSection(doc, sectionName, md); err != nil {
+	fmt.Print(md.String())
+	if err := bench.ReplaceSection(doc, sectionName, md.String()); err != nil {
 		return fmt.Errorf("write %s: %w", doc, err)
 	}
 	return nil

@@ -21,6 +21,8 @@ const (
 
 // Result is one run of the benchmark.
 type Result struct {
+	// Title names the run where a section shows more than one.
+	Title       string    `json:"title,omitempty"`
 	Date        string    `json:"date"`
 	Command     string    `json:"command"`
 	Commit      string    `json:"commit"`
@@ -176,6 +178,9 @@ func median(v []int64) int64 {
 // Markdown renders the run as the density section of docs/benchmarks.md.
 func (res *Result) Markdown() string {
 	var b strings.Builder
+	if res.Title != "" {
+		fmt.Fprintf(&b, "#### %s\n\n", res.Title)
+	}
 	fmt.Fprintf(&b, "Run %s, `%s` (commit %s), wall clock %.1f min.\n\n", res.Date, res.Command, res.Commit, res.WallSeconds/60)
 	h := res.Host
 	fmt.Fprintf(&b, "Host: %d CPUs, %d MiB, kernel %s, load average %s at the start and %s at the end (the machine is shared with other work); %s; accelerator **%s**; %s. ",
