@@ -9,10 +9,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kata-fsx/kata-fsx/blk/ext4"
+	"github.com/kata-fsx/kata-fsx/blk/imagestore"
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
@@ -23,7 +29,9 @@ import (
 
 // Options configure one disk.
 type Options struct {
-	// CacheDir holds the per-layer index cache and the blob cache.
+	// CacheDir holds the per-layer index cache, the blob cache and the
+	// node's image store (CacheDir/images), which Create and
+	// CreateFromIndex share images through.
 	CacheDir string
 	// LayerKeys is index.Options.LayerKeys for Create and Build: a key per
 	// layer that is immutable (a committed snapshot's lowerdir), "" for a
@@ -97,23 +105,30 @@ func socketPath(dir string, opts Options) (string, error) {
 
 // Disk is an imagefs-blk disk being served on a vhost-user socket.
 type Disk struct {
-	Dir    string // image, overlay and socket live here
+	Dir    string // the overlay (and a private image, if any) live here
 	Socket string
-	Image  *ext4.Image
+	// Image is the image served: an entry of the node's image store,
+	// shared read-only with every pod of the same image, or the disk's own.
+	Image *ext4.Image
 	// Build says how the image was obtained (timings, shared or built).
 	Build BuildInfo
 
-	base *rawimage.Disk
-	dev  *overlay.Device
-	srv  *vhostuser.Server
+	entry *imagestore.Entry // the store entry Image is, held until Close
+	base  *rawimage.Disk
+	dev   *overlay.Device
+	srv   *vhostuser.Server
 }
 
-// Files in a disk directory.
+// Files in a disk directory, and the image store under a cache directory.
 const (
 	imageDir    = "image"
 	overlayFile = "overlay"
 	socketFile  = "vhost-blk.sock"
+	storeDir    = "images"
 )
+
+// ImageStoreDir is the node's image store under a cache directory.
+func ImageStoreDir(cacheDir string) string { return filepath.Join(cacheDir, storeDir) }
 
 // Build indexes layers (lowest first; a plain directory is one layer) and
 // synthesizes the image into dir/image.
@@ -125,15 +140,21 @@ func Build(ctx context.Context, layers []string, dir string, opts Options) (*ext
 	return synthesize(ctx, idx, dir, opts)
 }
 
-func synthesize(ctx context.Context, idx *index.Index, dir string, opts Options) (*ext4.Image, error) {
+// ext4Options are the synthesis options of opts.
+func ext4Options(opts Options) ext4.Options {
 	eo := ext4.Options{BlockSize: opts.BlockSize, WritableSize: opts.WritableSize, JournalSize: opts.JournalSize, NoJournal: !opts.Journal,
-		MaxMetadataBytes: opts.Budgets.MaxMetadataBytes, MaxBuildMemory: opts.Budgets.MaxBuildMemory,
-		// The metadata is written beside the image it becomes, not in a
-		// tmpfs /tmp that the guests' memory may share.
-		TempDir: dir}
+		MaxMetadataBytes: opts.Budgets.MaxMetadataBytes, MaxBuildMemory: opts.Budgets.MaxBuildMemory}
 	if opts.WritableSize == 0 {
 		eo.WritableSize = -1
 	}
+	return eo
+}
+
+func synthesize(ctx context.Context, idx *index.Index, dir string, opts Options) (*ext4.Image, error) {
+	eo := ext4Options(opts)
+	// The metadata is written beside the image it becomes, not in a tmpfs
+	// /tmp that the guests' memory may share.
+	eo.TempDir = dir
 	img, err := ext4.Build(ctx, idx, eo)
 	if err != nil {
 		return nil, fmt.Errorf("imagefs-blk: synthesize ext4: %w", err)
@@ -183,9 +204,47 @@ func serveImage(ctx context.Context, img *ext4.Image, overlayPath, socket string
 	return d, nil
 }
 
-// Create builds a pod's disk for a rootfs in dir (created 0700) and serves
-// it: dir/image, dir/overlay (+ .dirty), dir/vhost-blk.sock.
+// Create indexes a rootfs (layers lowest first) and serves it as a pod's
+// disk from dir (created 0700): the image from the node's image store
+// (see CreateFromIndex), dir/overlay (+ .dirty), dir/vhost-blk.sock.
 func Create(ctx context.Context, layers []string, dir string, opts Options) (*Disk, error) {
+	layers, opts.LayerKeys = dropEmptyUpper(layers, opts.LayerKeys)
+	start := time.Now()
+	idx, err := overlayfs.FromLayers(ctx, layers, opts.Budgets.indexOptions(opts.CacheDir, opts.LayerKeys))
+	if err != nil {
+		return nil, fmt.Errorf("imagefs-blk: index rootfs: %w", err)
+	}
+	return create(ctx, idx, dir, opts, BuildInfo{Index: time.Since(start)})
+}
+
+// dropEmptyUpper leaves out the top layer when it is mutable (no key) and
+// an empty directory without xattrs: a container's fresh upper directory.
+// It adds no file, but the merged root would take its attributes (its
+// creation time), which would give every container of an image a
+// filesystem, and an image store entry, of its own; without it the root
+// is the image's.
+func dropEmptyUpper(layers, keys []string) ([]string, []string) {
+	top := len(layers) - 1
+	if top < 1 || len(keys) != len(layers) || keys[top] != "" {
+		return layers, keys
+	}
+	f, err := os.Open(layers[top])
+	if err != nil {
+		return layers, keys
+	}
+	defer f.Close()
+	if _, err := f.Readdirnames(1); !errors.Is(err, io.EOF) { // io.EOF: empty
+		return layers, keys
+	}
+	if n, err := unix.Flistxattr(int(f.Fd()), nil); err != nil || n != 0 {
+		return layers, keys
+	}
+	return layers[:top], keys[:top]
+}
+
+// create serves idx from the node's image store, or, without a cache
+// directory, from an image synthesized into dir/image.
+func create(ctx context.Context, idx *index.Index, dir string, opts Options, info BuildInfo) (*Disk, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("imagefs-blk: %w", err)
 	}
@@ -193,15 +252,37 @@ func Create(ctx context.Context, layers []string, dir string, opts Options) (*Di
 	if err != nil {
 		return nil, err
 	}
-	img, err := Build(ctx, layers, dir, opts)
-	if err != nil {
-		return nil, err
+	var (
+		img   *ext4.Image
+		entry *imagestore.Entry
+	)
+	if opts.CacheDir == "" {
+		start := time.Now()
+		if img, err = synthesize(ctx, idx, dir, opts); err != nil {
+			return nil, err
+		}
+		info.Synthesis = time.Since(start)
+	} else {
+		if entry, err = imagestore.New(ImageStoreDir(opts.CacheDir)).Acquire(ctx, idx, ext4Options(opts)); err != nil {
+			return nil, fmt.Errorf("imagefs-blk: %w", err)
+		}
+		img, info.Synthesis, info.Shared = entry.Image, entry.Synthesis, !entry.Built
 	}
+	// The index and the build's tables are garbage now (unless the caller
+	// keeps the index): a pod's serving process returns them to the
+	// system rather than holding a build's peak for the pod's lifetime.
+	idx = nil
+	debug.FreeOSMemory()
 	d, err := serveImage(ctx, img, filepath.Join(dir, overlayFile), sock, opts)
 	if err != nil {
-		img.Close()
+		if entry != nil {
+			entry.Close()
+		} else {
+			img.Close()
+		}
 		return nil, err
 	}
+	d.entry, d.Build = entry, info
 	return d, nil
 }
 
@@ -220,13 +301,16 @@ func (d *Disk) Close() error {
 	if d.base != nil {
 		errs = append(errs, d.base.Close())
 	}
-	if d.Image != nil {
+	if d.entry != nil {
+		errs = append(errs, d.entry.Close()) // closes Image, lets a pruner have the entry
+	} else if d.Image != nil {
 		errs = append(errs, d.Image.Close())
 	}
 	return errors.Join(errs...)
 }
 
-// Remove closes the disk and deletes its directory (image, overlay) and socket.
+// Remove closes the disk and deletes its directory (overlay, a private
+// image) and socket; a shared image stays in the node's store.
 func (d *Disk) Remove() error {
 	err := d.Close()
 	if rmErr := os.RemoveAll(d.Dir); rmErr != nil {

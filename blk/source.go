@@ -52,23 +52,10 @@ func splitTag(s string) (path, tag string) {
 	return s, ""
 }
 
-// CreateFromIndex is Create for an already built index.
+// CreateFromIndex is Create for an already built index. The image comes
+// from the node's image store under opts.CacheDir: built there once for
+// every pod of the same index and options, and shared read-only; without
+// a CacheDir it is synthesized into dir/image.
 func CreateFromIndex(ctx context.Context, idx *index.Index, dir string, opts Options) (*Disk, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("imagefs-blk: %w", err)
-	}
-	sock, err := socketPath(dir, opts)
-	if err != nil {
-		return nil, err
-	}
-	img, err := synthesize(ctx, idx, dir, opts)
-	if err != nil {
-		return nil, err
-	}
-	d, err := serveImage(ctx, img, dir+"/"+overlayFile, sock, opts)
-	if err != nil {
-		img.Close()
-		return nil, err
-	}
-	return d, nil
+	return create(ctx, idx, dir, opts, BuildInfo{})
 }

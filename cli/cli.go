@@ -28,6 +28,7 @@ Commands:
   exec     run a command in a pod left running by run --keep
   bench    compare the filesystem backends side by side (see kata-fsx bench -h)
   snapshotter  serve containerd's proxy snapshotter with remote (lazy) layers (see docs/snapshotter.md)
+  monitor  serve every running pod's metrics on one port (like kata-monitor; docs/metrics.md)
   version  print the version
 
 Run 'kata-fsx COMMAND -h' for a command's options.
@@ -65,6 +66,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runExec(ctx, args[1:], stdout, stderr, config.DevPath())
 	case "snapshotter":
 		return runSnapshotter(ctx, args[1:], stdout, stderr)
+	case "monitor":
+		return runMonitor(ctx, args[1:], stdout, stderr)
 	case "bench":
 		return bench.Main(ctx, args[1:], stdout, stderr, config.DevPath())
 	case "version", "--version":

@@ -46,10 +46,11 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer, defaul
 	keep := fs.Bool("keep", false, "leave the VM running after the command and print how to reach it")
 	id := fs.String("id", "", "sandbox id (default: run-<random>)")
 	statsFile := fs.String("stats-file", "", "write timings and the serving processes' I/O and memory counters to this JSON file")
+	serveMetrics := fs.Bool("metrics", false, "serve the pod's metrics on shim-monitor.sock in its sandbox directory while it runs, as the shim does (docs/metrics.md)")
 	var anns stringList
 	fs.Var(&anns, "annotation", "pod annotation key=value (repeatable)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: kata-fsx run [--config F] [--backend virtio-fs|virtio-9p|imagefs-blk|virtio-blk] --rootfs SOURCE [--annotation k=v]... [--keep] [--stats-file F] -- CMD [ARGS...]")
+		fmt.Fprintln(stderr, "usage: kata-fsx run [--config F] [--backend virtio-fs|virtio-9p|imagefs-blk|virtio-blk] --rootfs SOURCE [--annotation k=v]... [--keep] [--stats-file F] [--metrics] -- CMD [ARGS...]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -151,7 +152,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer, defaul
 	req := runRequest{
 		pod: sandbox.Spec{ID: *id, Config: c, Annotations: annotations, Backend: *backend, Hostname: *id,
 			Rootfs: rspec, RootfsIndex: idx, RootfsBlockFile: rawFile},
-		rootfs: dir, args: cmd, keep: *keep, statsFile: *statsFile, began: began,
+		rootfs: dir, args: cmd, keep: *keep, statsFile: *statsFile, began: began, metrics: *serveMetrics,
 	}
 	if lazy != nil {
 		// The sandbox owns it from here: it closes it on every path.
@@ -171,6 +172,7 @@ type runRequest struct {
 	args      []string
 	keep      bool
 	statsFile string
+	metrics   bool // serve the pod's metrics socket
 	began     time.Time
 	lazy      *lazyroot.Root // a registry: rootfs, owned by the sandbox
 }
@@ -218,6 +220,12 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 			fmt.Fprintf(stderr, "kata-fsx run: teardown: %v\n", err)
 		}
 	}()
+	if r.metrics {
+		if err := sb.ServeMetrics(); err != nil {
+			return 1, err
+		}
+		fmt.Fprintf(stderr, "kata-fsx run: metrics on %s\n", sandbox.MetricsSocket(sb.Dir))
+	}
 	cid := r.pod.ID
 	args := r.args
 	if r.keep {

@@ -25,6 +25,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/host"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
+	"github.com/kata-fsx/kata-fsx/metrics"
 	"github.com/kata-fsx/kata-fsx/mount"
 	"github.com/kata-fsx/kata-fsx/network"
 	"github.com/kata-fsx/kata-fsx/virtiofs"
@@ -119,6 +120,8 @@ type Sandbox struct {
 	lazy LazyRootfs
 	// volumes are the containers' binds in the shared directory.
 	volumes map[string][]virtiofs.Volume
+	// metricsSrv serves the pod's metrics (ServeMetrics); Stop closes it.
+	metricsSrv *metrics.Server
 	// rootBlkFor is the container whose rootfs is the BackendVirtioBlk disk.
 	rootBlkFor string
 	diskSeq    int // numbers disks, their sockets and QEMU ids
@@ -730,6 +733,9 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 	s.mu.Unlock()
 
 	var errs []error
+	if err := s.stopMetrics(); err != nil {
+		errs = append(errs, err)
+	}
 	if s.agent != nil {
 		if !wasFailed {
 			dctx, cancel := context.WithTimeout(ctx, 5*time.Second)

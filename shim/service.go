@@ -302,6 +302,11 @@ func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskReques
 		return nil, err
 	}
 	s.log(r.ID).Infof("sandbox %s: config %s; backend %s: %s", sb.ID, cfg.Path, sb.Decision.Backend, sb.Decision.Reason)
+	// Metrics are for watching the pod, not for running it: a socket that
+	// cannot be served is logged, not fatal.
+	if err := sb.ServeMetrics(); err != nil {
+		s.log(r.ID).WithError(err).Warn("metrics socket not served")
+	}
 	s.mu.Lock()
 	s.sandbox, s.sbCancel = sb, sbCancel
 	s.mu.Unlock()
@@ -737,7 +742,12 @@ func (s *service) Wait(ctx context.Context, r *taskapi.WaitRequest) (*taskapi.Wa
 }
 
 // Stats returns the container cgroup's metrics in the guest, as
-// containerd's cgroup v2 metrics.
+// containerd's cgroup v2 metrics. The imagefs-blk disk's request counters
+// are not put in its Io entries: those are the cgroup's io.stat, keyed
+// by the device number the guest gave the disk (which the host does not
+// know), and the host's counts include the guest kernel's own I/O
+// (journal, readahead, writeback); they are on the metrics socket
+// instead (docs/metrics.md).
 func (s *service) Stats(ctx context.Context, r *taskapi.StatsRequest) (*taskapi.StatsResponse, error) {
 	c, _, err := s.lookup(r.ID, "")
 	if err != nil {

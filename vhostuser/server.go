@@ -225,6 +225,9 @@ func listen(path string) (*net.UnixListener, error) {
 // Path returns the socket path.
 func (s *Server) Path() string { return s.path }
 
+// Device returns the device the server serves, for its own counters.
+func (s *Server) Device() Device { return s.dev }
+
 // Stats returns connection counters.
 func (s *Server) Stats() Stats {
 	s.mu.Lock()

@@ -69,6 +69,7 @@ type Map struct {
 	blocks    uint64
 	exts      []Extent
 	ends      []uint64 // exts[i].End(), searched instead of exts to stay in cache
+	view      *view    // set instead of exts and ends for a map read in place (View)
 }
 
 // index fills ends once the extents are final.
@@ -86,38 +87,61 @@ func (m *Map) BlockSize() uint32 { return m.blockSize }
 func (m *Map) Blocks() uint64 { return m.blocks }
 
 // Len is the number of stored (non-free) extents.
-func (m *Map) Len() int { return len(m.exts) }
+func (m *Map) Len() int {
+	if m.view != nil {
+		return m.view.n
+	}
+	return len(m.exts)
+}
 
 // At returns the i-th stored extent in block order.
-func (m *Map) At(i int) Extent { return m.exts[i] }
+func (m *Map) At(i int) Extent {
+	if m.view != nil {
+		if i < 0 || i >= m.view.n {
+			panic(fmt.Sprintf("blockmap: extent %d of %d", i, m.view.n))
+		}
+		return m.view.at(i)
+	}
+	return m.exts[i]
+}
+
+// end is extent i's End.
+func (m *Map) end(i int) uint64 {
+	if m.view != nil {
+		return m.view.end(i)
+	}
+	return m.ends[i]
+}
 
 // Lookup returns the kind, location and extent of the range that holds
 // block. For Free ranges and blocks past the end the extent spans the gap
 // (Count 0 past the end). It does not allocate.
 func (m *Map) Lookup(block uint64) (Kind, Location, Extent) {
-	lo, hi := 0, len(m.ends)
+	n := m.Len()
+	lo, hi := 0, n
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
-		if m.ends[mid] <= block {
+		if m.end(mid) <= block {
 			lo = mid + 1
 		} else {
 			hi = mid
 		}
 	}
-	if lo < len(m.exts) && m.exts[lo].First <= block {
-		e := m.exts[lo]
-		return e.Kind, e.Loc, e
+	if lo < n {
+		if e := m.At(lo); e.First <= block {
+			return e.Kind, e.Loc, e
+		}
 	}
 	if block >= m.blocks {
 		return Free, Location{}, Extent{First: block, Kind: Free}
 	}
 	start := uint64(0)
 	if lo > 0 {
-		start = m.exts[lo-1].End()
+		start = m.end(lo - 1)
 	}
 	end := m.blocks
-	if lo < len(m.exts) {
-		end = m.exts[lo].First
+	if lo < n {
+		end = m.At(lo).First
 	}
 	return Free, Location{}, Extent{First: start, Count: end - start, Kind: Free}
 }

@@ -155,9 +155,14 @@ func FuzzDecode(f *testing.F) {
 			b = binary.LittleEndian.AppendUint32(body, crc32.Checksum(body, castagnoli))
 		}
 		m, err := Decode(b)
+		v, verr := View(b)
+		if (err == nil) != (verr == nil) {
+			t.Fatalf("Decode: %v, View: %v", err, verr)
+		}
 		if err != nil {
 			return
 		}
+		agree(t, m, v)
 		for i := 0; i < m.Len(); i++ {
 			e := m.At(i)
 			k, _, got := m.Lookup(e.First)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/bits"
+	"unsafe"
 )
 
 // File format (little-endian):
@@ -32,6 +33,9 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // MarshalBinary encodes the map.
 func (m *Map) MarshalBinary() ([]byte, error) {
+	if m.view != nil {
+		return append([]byte(nil), m.view.enc...), nil
+	}
 	pathIdx := make(map[string]uint32)
 	var paths []string
 	for i := range m.exts {
@@ -77,8 +81,23 @@ func (m *Map) MarshalBinary() ([]byte, error) {
 	return le.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
 }
 
-// Decode parses an encoded map, trusting nothing in it.
+// Decode parses an encoded map, trusting nothing in it. The map holds
+// its extents on the heap; see View for one that reads them from b.
 func Decode(b []byte) (*Map, error) {
+	return parse(b, false)
+}
+
+// View is Decode for an encoded map that stays in b, typically a read-only
+// file mapping: it checks b as Decode does, but its Lookup and At read the
+// extent records and paths straight from b, so a map costs the process a
+// few bytes of heap whatever its size, and every process mapping one file
+// shares its pages. b must stay unchanged and mapped while the map, or any
+// Location's Path it returned, is in use.
+func View(b []byte) (*Map, error) {
+	return parse(b, true)
+}
+
+func parse(b []byte, inPlace bool) (*Map, error) {
 	if len(b) < headerSize+4 {
 		return nil, fmt.Errorf("%w: %d bytes is too short", ErrFormat, len(b))
 	}
@@ -104,8 +123,25 @@ func Decode(b []byte) (*Map, error) {
 	if npaths > uint64(len(p))/4 {
 		return nil, fmt.Errorf("%w: %d paths in %d bytes", ErrFormat, npaths, len(p))
 	}
-	paths := make([]string, npaths)
-	for i := range paths {
+	// A view keeps where each path starts in b (4 bytes a path, not a
+	// string header and a copy).
+	var (
+		paths   []string
+		pathOff []uint32
+	)
+	if inPlace {
+		pathOff = make([]uint32, npaths)
+	} else {
+		paths = make([]string, npaths)
+	}
+	path := func(i uint32) string {
+		if inPlace {
+			off := pathOff[i]
+			return unsafe.String(&b[off], int(le.Uint32(b[off-4:])))
+		}
+		return paths[i]
+	}
+	for i := range npaths {
 		if len(p) < 4 {
 			return nil, fmt.Errorf("%w: truncated path table", ErrFormat)
 		}
@@ -114,35 +150,81 @@ func Decode(b []byte) (*Map, error) {
 		if n == 0 || n > maxPathLen || n > uint64(len(p)) {
 			return nil, fmt.Errorf("%w: path %d has length %d", ErrFormat, i, n)
 		}
-		paths[i] = string(p[:n])
+		if inPlace {
+			pathOff[i] = uint32(len(body) - len(p))
+		} else {
+			paths[i] = string(p[:n])
+		}
 		p = p[n:]
 	}
 	if hi, lo := bits.Mul64(nexts, extentRecSize); hi != 0 || lo != uint64(len(p)) {
 		return nil, fmt.Errorf("%w: %d extents do not fill %d bytes", ErrFormat, nexts, len(p))
 	}
-	m := &Map{blockSize: bs, blocks: blocks, exts: make([]Extent, 0, nexts)}
-	for ; len(p) > 0; p = p[extentRecSize:] {
-		e := Extent{
-			First: le.Uint64(p),
-			Count: le.Uint64(p[8:]),
-			Kind:  Kind(p[16]),
-			Loc:   Location{Source: le.Uint32(p[17:]), Offset: int64(le.Uint64(p[25:]))},
-			Bytes: le.Uint64(p[33:]),
-		}
+	m := &Map{blockSize: bs, blocks: blocks}
+	if inPlace {
+		m.view = &view{enc: b, recs: p, pathOff: pathOff, n: int(nexts)}
+	} else {
+		m.exts = make([]Extent, 0, nexts)
+	}
+	var prevEnd uint64
+	for i := 0; len(p) > 0; p, i = p[extentRecSize:], i+1 {
+		e := record(p)
 		if pi := le.Uint32(p[21:]); pi != noPath {
 			if uint64(pi) >= npaths {
 				return nil, fmt.Errorf("%w: extent at block %d names path %d of %d", ErrFormat, e.First, pi, npaths)
 			}
-			e.Loc.Path = paths[pi]
+			e.Loc.Path = path(pi)
 		}
 		if err := m.check(&e); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrFormat, err)
 		}
-		if n := len(m.exts); n > 0 && e.First < m.exts[n-1].End() {
+		if i > 0 && e.First < prevEnd {
 			return nil, fmt.Errorf("%w: extent at block %d overlaps its predecessor", ErrFormat, e.First)
 		}
-		m.exts = append(m.exts, e)
+		prevEnd = e.End()
+		if !inPlace {
+			m.exts = append(m.exts, e)
+		}
 	}
-	m.index()
+	if !inPlace {
+		m.index()
+	}
 	return m, nil
+}
+
+// record decodes an extent record but its path.
+func record(p []byte) Extent {
+	le := binary.LittleEndian
+	return Extent{
+		First: le.Uint64(p),
+		Count: le.Uint64(p[8:]),
+		Kind:  Kind(p[16]),
+		Loc:   Location{Source: le.Uint32(p[17:]), Offset: int64(le.Uint64(p[25:]))},
+		Bytes: le.Uint64(p[33:]),
+	}
+}
+
+// view is a map read from its encoding in place (see View).
+type view struct {
+	enc     []byte   // the whole encoding
+	recs    []byte   // the extent records
+	pathOff []uint32 // where each path's bytes start in enc
+	n       int
+}
+
+// at decodes extent i, its path a string over enc.
+func (v *view) at(i int) Extent {
+	p := v.recs[i*extentRecSize:]
+	e := record(p)
+	if pi := binary.LittleEndian.Uint32(p[21:]); pi != noPath {
+		off := v.pathOff[pi]
+		e.Loc.Path = unsafe.String(&v.enc[off], int(binary.LittleEndian.Uint32(v.enc[off-4:])))
+	}
+	return e
+}
+
+// end is extent i's End, read without decoding the rest of it.
+func (v *view) end(i int) uint64 {
+	p := v.recs[i*extentRecSize:]
+	return binary.LittleEndian.Uint64(p) + binary.LittleEndian.Uint64(p[8:])
 }

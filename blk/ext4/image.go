@@ -3,6 +3,7 @@ package ext4
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -73,7 +74,8 @@ func (img *Image) Sources() []index.Source { return img.Manifest.Sources }
 func (img *Image) MetaSize() int64 { return img.metaSize }
 
 // Close releases the metadata file of an image built by Build or loaded by
-// Open.
+// Open, and the block map of one loaded by Open: neither the image's Map
+// nor a Location it returned may be used after.
 func (img *Image) Close() error {
 	if img.closer != nil {
 		return img.closer.Close()
@@ -219,11 +221,24 @@ func Open(dir string) (*Image, error) {
 	if mf.Format != formatV1 {
 		return nil, fmt.Errorf("ext4: manifest format %d not supported", mf.Format)
 	}
-	enc, err := readRegular(filepath.Join(dir, MapFile), maxMapBytes)
+	// The block map is read in place from a shared read-only mapping: a
+	// process serving the image holds none of it on its heap, and every
+	// process serving it shares the pages.
+	enc, unmap, err := mapRegular(filepath.Join(dir, MapFile), maxMapBytes)
 	if err != nil {
 		return nil, fmt.Errorf("ext4: open image: %w", err)
 	}
-	m, err := blockmap.Decode(enc)
+	img, err := openWithMap(dir, mf, enc)
+	if err != nil {
+		unmap()
+		return nil, err
+	}
+	img.closer = multiCloser{img.closer, closerFunc(unmap)}
+	return img, nil
+}
+
+func openWithMap(dir string, mf Manifest, enc []byte) (*Image, error) {
+	m, err := blockmap.View(enc)
 	if err != nil {
 		return nil, fmt.Errorf("ext4: block map: %w", err)
 	}
@@ -252,6 +267,21 @@ func Open(dir string) (*Image, error) {
 		}
 	}
 	return &Image{Manifest: mf, Map: m, meta: f, metaSize: st.Size(), closer: f}, nil
+}
+
+type closerFunc func() error
+
+func (f closerFunc) Close() error { return f() }
+
+// multiCloser closes each in order and returns every error.
+type multiCloser []io.Closer
+
+func (m multiCloser) Close() error {
+	var errs []error
+	for _, c := range m {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // Export writes the whole raw filesystem to out: metadata, file data read

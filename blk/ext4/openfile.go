@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -50,4 +51,31 @@ func readRegular(path string, max int64) ([]byte, error) {
 		return nil, fmt.Errorf("%s: larger than %d bytes", path, max)
 	}
 	return b, nil
+}
+
+// mapRegular maps the regular file path (not following a symlink) read-only
+// and shared; unmap releases it. The file must hold 1 to max bytes.
+func mapRegular(path string, max int64) (b []byte, unmap func() error, err error) {
+	f, err := openRegular(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close() // the mapping outlives the descriptor
+	st, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	if st.Size() == 0 || st.Size() > max {
+		return nil, nil, fmt.Errorf("%s: %d bytes, want 1 to %d", path, st.Size(), max)
+	}
+	b, err = unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, nil, &os.PathError{Op: "mmap", Path: path, Err: err}
+	}
+	var once sync.Once
+	return b, func() error {
+		var err error
+		once.Do(func() { err = unix.Munmap(b) })
+		return err
+	}, nil
 }

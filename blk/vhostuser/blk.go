@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"runtime/debug"
+	"time"
 
 	"github.com/kata-fsx/kata-fsx/virtio/virtq"
 )
@@ -108,6 +109,14 @@ type blkHandler struct {
 	dev  BlockDevice
 	cfg  blkConfig
 	logf func(format string, args ...any)
+	// shards are the request counters, one per queue (numQueues of them).
+	shards []counterShard
+}
+
+// reqStat is what execute tells handle about a request for the counters.
+type reqStat struct {
+	op    Op
+	bytes uint64 // data moved, counted only if the request succeeds
 }
 
 // handle executes one request chain and returns the number of bytes written
@@ -119,24 +128,31 @@ type blkHandler struct {
 // buffers come back as EFAULT errors; those on Go's own accesses (the
 // header, the segments, a partial block's bytes, the status byte) are
 // turned into panics here and recovered.
-func (h *blkHandler) handle(c *virtq.Chain) uint32 {
+//
+// The request is counted in ctr, its queue's counters.
+func (h *blkHandler) handle(c *virtq.Chain, ctr *counterShard) uint32 {
+	start := time.Now()
 	if c.WriteLen == 0 || len(c.Writable) == 0 {
+		ctr.record(OpOther, 0, true, time.Since(start))
 		return 0 // no status byte: nothing we can tell the driver
 	}
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	last := c.Writable[len(c.Writable)-1]
 	dataIn := c.WriteLen - 1 // writable bytes before the status byte
 
-	st, written := h.executeGuarded(c, dataIn)
+	rs := reqStat{op: OpOther}
+	st, written := h.executeGuarded(c, dataIn, &rs)
 	if err := putStatus(&last[len(last)-1], st); err != nil {
 		h.logf("vhostuser: request returned without status: %v", err)
+		ctr.record(rs.op, 0, true, time.Since(start))
 		return 0
 	}
+	ctr.record(rs.op, rs.bytes, st != blkStatusOK, time.Since(start))
 	return written + 1
 }
 
 // executeGuarded is execute with a fault on guest memory turned into IOERR.
-func (h *blkHandler) executeGuarded(c *virtq.Chain, dataIn uint32) (st byte, written uint32) {
+func (h *blkHandler) executeGuarded(c *virtq.Chain, dataIn uint32, rs *reqStat) (st byte, written uint32) {
 	defer func() {
 		if r := recover(); r != nil {
 			err := virtq.FaultError(r) // panics again unless r is a memory fault
@@ -144,7 +160,7 @@ func (h *blkHandler) executeGuarded(c *virtq.Chain, dataIn uint32) (st byte, wri
 			st, written = blkStatusIOErr, 0
 		}
 	}()
-	return h.execute(c, dataIn)
+	return h.execute(c, dataIn, rs)
 }
 
 // putStatus stores the status byte; the error is a fault on its page.
@@ -158,7 +174,9 @@ func putStatus(p *byte, st byte) (err error) {
 	return nil
 }
 
-func (h *blkHandler) execute(c *virtq.Chain, dataIn uint32) (byte, uint32) {
+// execute runs one request; it names the request's class and data size
+// in rs as soon as it knows them.
+func (h *blkHandler) execute(c *virtq.Chain, dataIn uint32, rs *reqStat) (byte, uint32) {
 	if c.ReadLen < blkHeaderSize {
 		return blkStatusIOErr, 0
 	}
@@ -174,6 +192,7 @@ func (h *blkHandler) execute(c *virtq.Chain, dataIn uint32) (byte, uint32) {
 	}
 	switch typ {
 	case blkTypeIn:
+		rs.op, rs.bytes = OpRead, uint64(dataIn)
 		off, ok := h.span(sector, uint64(dataIn))
 		if !ok || dataOut != 0 {
 			return blkStatusIOErr, 0
@@ -184,6 +203,7 @@ func (h *blkHandler) execute(c *virtq.Chain, dataIn uint32) (byte, uint32) {
 		}
 		return blkStatusOK, n
 	case blkTypeOut:
+		rs.op, rs.bytes = OpWrite, uint64(dataOut)
 		if h.cfg.readOnly {
 			return blkStatusIOErr, 0
 		}
@@ -196,6 +216,7 @@ func (h *blkHandler) execute(c *virtq.Chain, dataIn uint32) (byte, uint32) {
 		}
 		return blkStatusOK, 0
 	case blkTypeFlush:
+		rs.op = OpFlush
 		if err := h.dev.Flush(); err != nil {
 			return blkStatusIOErr, 0
 		}
@@ -207,7 +228,13 @@ func (h *blkHandler) execute(c *virtq.Chain, dataIn uint32) (byte, uint32) {
 		scatter(c.Writable, id[:n])
 		return blkStatusOK, n
 	case blkTypeDiscard, blkTypeWriteZeroes:
-		return h.discardOrZero(c, typ, dataOut), 0
+		rs.op = OpDiscard
+		if typ == blkTypeWriteZeroes {
+			rs.op = OpWriteZeroes
+		}
+		st, n := h.discardOrZero(c, typ, dataOut)
+		rs.bytes = n
+		return st, 0
 	default:
 		return blkStatusUnsupp, 0
 	}
@@ -299,16 +326,18 @@ type blkSegment struct {
 // request's segments are copied out of guest memory into a fixed array.
 const maxSegments = defaultMaxDiscardSeg
 
-func (h *blkHandler) discardOrZero(c *virtq.Chain, typ uint32, dataOut uint32) byte {
+// discardOrZero runs a discard or write-zeroes request and returns its
+// status and the bytes its segments cover.
+func (h *blkHandler) discardOrZero(c *virtq.Chain, typ uint32, dataOut uint32) (byte, uint64) {
 	maxSeg, maxSectors := h.cfg.maxDiscardSeg, h.cfg.maxDiscardSectors
 	if typ == blkTypeWriteZeroes {
 		maxSeg, maxSectors = h.cfg.maxWZSeg, h.cfg.maxWZSectors
 	}
 	if dataOut == 0 || dataOut%blkSegmentSize != 0 || dataOut/blkSegmentSize > min(maxSeg, maxSegments) {
-		return blkStatusIOErr
+		return blkStatusIOErr, 0
 	}
 	if h.cfg.readOnly {
-		return blkStatusIOErr
+		return blkStatusIOErr, 0
 	}
 	// Copy every segment out of guest memory once, check the copy and use
 	// only the copy: the guest may rewrite the segments while the request
@@ -317,23 +346,25 @@ func (h *blkHandler) discardOrZero(c *virtq.Chain, typ uint32, dataOut uint32) b
 	nseg := dataOut / blkSegmentSize
 	gather(raw[:dataOut], c.Readable, blkHeaderSize)
 	var segs [maxSegments]blkSegment
+	var total uint64
 	for i := range nseg {
 		seg := raw[i*blkSegmentSize : (i+1)*blkSegmentSize]
 		sector := binary.LittleEndian.Uint64(seg[0:8])
 		num := binary.LittleEndian.Uint32(seg[8:12])
 		flags := binary.LittleEndian.Uint32(seg[12:16])
 		if flags&^blkFlagUnmap != 0 || (typ == blkTypeDiscard && flags&blkFlagUnmap != 0) {
-			return blkStatusUnsupp
+			return blkStatusUnsupp, 0
 		}
 		if num > maxSectors {
-			return blkStatusIOErr
+			return blkStatusIOErr, 0
 		}
 		n := uint64(num) * sectorSize // at most 2^32 * 512: no overflow
 		off, ok := h.spanUncapped(sector, n)
 		if !ok {
-			return blkStatusIOErr
+			return blkStatusIOErr, 0
 		}
 		segs[i] = blkSegment{off: off, n: int64(n), unmap: flags&blkFlagUnmap != 0}
+		total += n
 	}
 	for _, s := range segs[:nseg] {
 		var err error
@@ -343,10 +374,10 @@ func (h *blkHandler) discardOrZero(c *virtq.Chain, typ uint32, dataOut uint32) b
 			err = h.dev.WriteZeroes(s.off, s.n, s.unmap)
 		}
 		if err != nil {
-			return blkStatusIOErr
+			return blkStatusIOErr, 0
 		}
 	}
-	return blkStatusOK
+	return blkStatusOK, total
 }
 
 // spanUncapped is span without the data-transfer size cap (discard and

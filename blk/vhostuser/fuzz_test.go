@@ -204,7 +204,7 @@ func fuzzBlk(t *testing.T, data []byte) int {
 		}
 		n := uint32(0)
 		if err == nil {
-			n = d.h.handle(&c)
+			n = d.h.handle(&c, &d.h.shards[0])
 			if n > c.WriteLen {
 				t.Fatalf("used length %d exceeds the chain's %d writable bytes", n, c.WriteLen)
 			}

@@ -75,7 +75,7 @@ func TestSegmentsReadOnce(t *testing.T) {
 			}
 			c := &virtq.Chain{Readable: [][]byte{hdr, segs}, Writable: [][]byte{status},
 				ReadLen: 48, WriteLen: 1, Descriptors: 3}
-			if used := d.h.handle(c); used != 1 || status[0] != blkStatusOK {
+			if used := d.h.handle(c, &d.h.shards[0]); used != 1 || status[0] != blkStatusOK {
 				t.Fatalf("used %d, status %d; want 1, OK", used, status[0])
 			}
 			want := []string{"zero 0+4096 unmap=false", "zero 4096+4096 unmap=false"}
@@ -121,7 +121,7 @@ func TestGuestMemoryFaultFailsRequest(t *testing.T) {
 		for _, b := range c.Writable {
 			c.WriteLen += uint32(len(b))
 		}
-		used := d.h.handle(c)
+		used := d.h.handle(c, &d.h.shards[0])
 		if used != wantUsed {
 			t.Errorf("%s: used %d, want %d", name, used, wantUsed)
 		}

@@ -93,7 +93,8 @@ func newBlkDevice(dev BlockDevice, o *Options) (*blkDevice, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &blkDevice{h: blkHandler{dev: dev, cfg: cfg, logf: o.Logf}, space: cfg.configSpace()}, nil
+	h := blkHandler{dev: dev, cfg: cfg, logf: o.Logf, shards: make([]counterShard, cfg.numQueues)}
+	return &blkDevice{h: h, space: cfg.configSpace()}, nil
 }
 
 func buildConfig(dev BlockDevice, o *Options) (blkConfig, error) {
@@ -185,7 +186,11 @@ func (d *blkDevice) ReadConfig(offset uint32, p []byte) {
 }
 
 // RunQueue implements vu.Device.
-func (d *blkDevice) RunQueue(q *vu.Queue) { runWorker(&d.h, q) }
+func (d *blkDevice) RunQueue(q *vu.Queue) {
+	// The core starts no queue at or past NumQueues; the clamp keeps a
+	// counter shard for every index all the same.
+	runWorker(&d.h, q, &d.h.shards[min(max(q.Index(), 0), len(d.h.shards)-1)])
+}
 
 // Disconnect implements vu.Device: virtio-blk keeps no per-connection state.
 func (d *blkDevice) Disconnect() {}

@@ -24,8 +24,9 @@ type worker struct {
 	q      *vu.Queue
 	vq     *virtq.Queue
 	h      *blkHandler
-	doneCh chan int // slots whose request finished
-	reqs   chan int // slots whose request is to run, for the executors
+	ctr    *counterShard // this queue's request counters
+	doneCh chan int      // slots whose request finished
+	reqs   chan int      // slots whose request is to run, for the executors
 
 	// Owner only: request slots (their chains keep their buffers' backing
 	// arrays from request to request), the free ones, and how many run.
@@ -56,9 +57,9 @@ const maxInflight = 256
 
 // runWorker runs queue q until the core stops it, then returns once no
 // request is in flight and every finished one is published.
-func runWorker(h *blkHandler, q *vu.Queue) {
+func runWorker(h *blkHandler, q *vu.Queue, ctr *counterShard) {
 	n := inflightLimit(q.VQ().Size())
-	w := &worker{q: q, vq: q.VQ(), h: h, doneCh: make(chan int, n), reqs: make(chan int, n),
+	w := &worker{q: q, vq: q.VQ(), h: h, ctr: ctr, doneCh: make(chan int, n), reqs: make(chan int, n),
 		slots: make([]slot, n), free: make([]int, 0, n)}
 	for i := n - 1; i >= 0; i-- {
 		w.free = append(w.free, i)
@@ -162,7 +163,7 @@ func (w *worker) executor() {
 	defer w.execWG.Done()
 	for i := range w.reqs {
 		s := &w.slots[i]
-		s.used = w.h.handle(&s.chain)
+		s.used = w.h.handle(&s.chain, w.ctr)
 		w.doneCh <- i
 	}
 }
