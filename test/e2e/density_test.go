@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -397,8 +398,8 @@ func measureProcess(pid int) (density.Process, error) {
 	return pr, nil
 }
 
-// densityMetadata counts imagefs-blk's node metadata: the entries of
-// cache/images under the imagefs_blk state_dir, and every meta.bin under
+// densityMetadata counts imagefs-blk's node metadata: the entries
+// (directories) of cache/images under the imagefs_blk state_dir, and every meta.bin under
 // the test's directory (containerd's root, the pods' state, the caches),
 // with their paths.
 func (ce *containerdEnv) densityMetadata(t *testing.T) (entries int, metaFiles []string) {
@@ -407,7 +408,11 @@ func (ce *containerdEnv) densityMetadata(t *testing.T) (entries int, metaFiles [
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		t.Fatal(err)
 	}
-	entries = len(ents)
+	for _, e := range ents {
+		if e.IsDir() { // an entry; <key>.lock beside it is its lock file
+			entries++
+		}
+	}
 	err = filepath.WalkDir(ce.dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
@@ -427,6 +432,30 @@ func (ce *containerdEnv) densityMetadata(t *testing.T) (entries int, metaFiles [
 		t.Fatal(err)
 	}
 	return entries, metaFiles
+}
+
+// metaInUse lists the distinct meta.bin files the pods' processes hold
+// open or mapped (/proc/PID/fd and /proc/PID/maps): how many copies of the
+// metadata the running pods actually serve.
+func metaInUse(pods []density.Pod) []string {
+	seen := map[string]bool{}
+	for _, p := range pods {
+		for _, pr := range p.Procs {
+			fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pr.PID))
+			for _, fd := range fds {
+				if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pr.PID, fd.Name())); err == nil && filepath.Base(l) == ext4.MetaFile {
+					seen[l] = true
+				}
+			}
+			mapped, _ := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pr.PID))
+			for _, l := range strings.Split(string(mapped), "\n") {
+				if f := strings.Fields(l); len(f) >= 6 && filepath.Base(f[5]) == ext4.MetaFile {
+					seen[f[5]] = true
+				}
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
 }
 
 // isMountPoint reports whether dir is mounted on (its device differs from
@@ -520,7 +549,9 @@ func TestDensityImagefsBlk20(t *testing.T) {
 	}
 	t.Logf("%d pods: last first output at %.1f s after the concurrent start", n, last.Seconds())
 	entries, metaFiles := ce.densityMetadata(t)
-	t.Logf("metadata on the node: %d cache/images entries, %d meta.bin files %s", entries, len(metaFiles), firstFew(metaFiles))
+	inUse := metaInUse(measured)
+	t.Logf("metadata on the node: %d cache/images entries, %d meta.bin files %s; %d distinct ones open or mapped by the pods %s",
+		entries, len(metaFiles), firstFew(metaFiles), len(inUse), firstFew(inUse))
 	if entries != 1 {
 		t.Errorf("cache/images holds %d entries for one image, want 1", entries)
 	}
@@ -590,7 +621,7 @@ func TestDensityBench(t *testing.T) {
 	res := density.Result{
 		Title:   os.Getenv("KATA_FSX_DENSITY_TITLE"),
 		Date:    began.UTC().Format(time.RFC3339),
-		Command: "make bench-density KATA_FSX_DENSITY_N=" + envOr("KATA_FSX_DENSITY_N", "1,5,10,20"),
+		Command: densityCommand(),
 		Commit:  gitDescribe(),
 		Guest:   density.Guest{MemoryMiB: densityGuestMiB, VCPUs: 1},
 	}
@@ -678,12 +709,25 @@ func (ce *containerdEnv) densityRun(t *testing.T, backend string, n int, want st
 			var metas []string
 			r.MetadataEntries, metas = ce.densityMetadata(t)
 			r.MetaFiles = len(metas)
+			r.MetaInUse = len(metaInUse(r.Pods))
 		}
 	}
 	if left := ce.densityStop(ctx, t, pods); len(left) > 0 {
 		t.Errorf("%s, %d pods: left after stopping: %v", backend, n, left)
 	}
 	return r
+}
+
+// densityCommand is how this run was asked for: the benchmark's settings
+// from the environment and the test it ran.
+func densityCommand() string {
+	var set []string
+	for _, v := range []string{"KATA_FSX_DENSITY_N", "KATA_FSX_DENSITY_BACKENDS", "KATA_FSX_DENSITY_BUDGET"} {
+		if os.Getenv(v) != "" {
+			set = append(set, v+"="+os.Getenv(v))
+		}
+	}
+	return strings.Join(append(set, "go test -run '^TestDensityBench$' ./test/e2e"), " ")
 }
 
 func parseCounts(s string) ([]int, error) {

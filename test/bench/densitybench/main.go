@@ -1,7 +1,7 @@
-// Command densitybench renders the density benchmark's committed result
-// (docs/bench/density.json, written by test/e2e's TestDensityBench) into
-// the density section of docs/benchmarks.md, so the table can change
-// without measuring again.
+// Command densitybench renders the density benchmark's committed results
+// (docs/bench/density.json and any others named, written by test/e2e's
+// TestDensityBench) into the density section of docs/benchmarks.md, so
+// the tables can change without measuring again.
 package main
 
 import (
@@ -19,18 +19,25 @@ import (
 const sectionName = "density"
 
 func main() {
-	in := flag.String("in", "docs/bench/density.json", "the runs' results, comma-separated, rendered in that order")
 	doc := flag.String("doc", "docs/benchmarks.md", "the Markdown file whose density section is rewritten")
+	flag.Usage = func() {
+		fmt.Fprintln(flag.CommandLine.Output(), "usage: densitybench [-doc FILE] [RESULT.json ...] (default docs/bench/density.json; several are rendered in order)")
+		flag.PrintDefaults()
+	}
 	flag.Parse()
-	if err := render(*in, *doc); err != nil {
+	in := flag.Args()
+	if len(in) == 0 {
+		in = []string{"docs/bench/density.json"}
+	}
+	if err := render(in, *doc); err != nil {
 		fmt.Fprintln(os.Stderr, "densitybench:", err)
 		os.Exit(1)
 	}
 }
 
-func render(in, doc string) error {
+func render(in []string, doc string) error {
 	var md strings.Builder
-	for i, path := range strings.Split(in, ",") {
+	for i, path := range in {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return fmt.Errorf("read result: %w", err)

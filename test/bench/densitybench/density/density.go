@@ -83,9 +83,13 @@ type Run struct {
 	MemAvailableDropKiB int64 `json:"mem_available_drop_kib"`
 	ClientsPSSKiB       int64 `json:"clients_pss_kib"`
 	// MetadataEntries counts imagefs-blk's cache/images entries and
-	// MetaFiles every meta.bin under the test's directory (imagefs-blk).
+	// MetaFiles every meta.bin under the test's directory, both on the
+	// node after the run's pods started (the store keeps entries after
+	// their pods, so over a sweep they add up); MetaInUse counts the
+	// distinct meta.bin files the run's pods hold open or mapped.
 	MetadataEntries int    `json:"metadata_entries"`
 	MetaFiles       int    `json:"meta_files"`
+	MetaInUse       int    `json:"meta_in_use,omitempty"`
 	Load            string `json:"loadavg"`
 }
 
@@ -233,11 +237,17 @@ func (res *Result) Markdown() string {
 			continue
 		}
 		for _, r := range be.Runs {
-			meta = append(meta, fmt.Sprintf("%d pods: %d cache/images entries, %d meta.bin files", r.N, r.MetadataEntries, r.MetaFiles))
+			inUse := "not measured"
+			if r.MetaInUse > 0 {
+				inUse = fmt.Sprint(r.MetaInUse)
+			}
+			meta = append(meta, fmt.Sprintf("| %d | %s | %d | %d |", r.N, inUse, r.MetadataEntries, r.MetaFiles))
 		}
 	}
 	if len(meta) > 0 {
-		fmt.Fprintf(&b, "imagefs-blk's synthesized metadata on the node, counted in each run once every pod printed: %s.\n", strings.Join(meta, "; "))
+		b.WriteString("imagefs-blk's synthesized metadata, counted in each run once every pod printed (the node's counts add up over the sweep: the store keeps an entry after its pods, until a prune):\n\n")
+		b.WriteString("| pods at once | distinct meta.bin open or mapped by the run's pods | cache/images entries on the node | meta.bin files on the node |\n|---:|---:|---:|---:|\n")
+		b.WriteString(strings.Join(meta, "\n") + "\n")
 	}
 	return b.String()
 }

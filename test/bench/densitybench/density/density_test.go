@@ -19,7 +19,7 @@ func TestMarkdownPerAddedPod(t *testing.T) {
 		Runs: []Run{
 			{N: 1, LastSeconds: 9, FirstSeconds: 9, MemAvailableDropKiB: 300 << 10, ClientsPSSKiB: 20 << 10,
 				Pods: []Pod{pod("a", shim(30<<10, 10<<10), qemu(270<<10, 100<<10))}},
-			{N: 3, LastSeconds: 20, FirstSeconds: 12, MetadataEntries: 1, MetaFiles: 1,
+			{N: 3, LastSeconds: 20, FirstSeconds: 12, MetadataEntries: 1, MetaFiles: 1, MetaInUse: 1,
 				Pods: []Pod{
 					pod("a", shim(10<<10, 5<<10), qemu(200<<10, 100<<10)),
 					pod("b", shim(10<<10, 6<<10), qemu(200<<10, 100<<10)),
@@ -32,7 +32,7 @@ func TestMarkdownPerAddedPod(t *testing.T) {
 		"| imagefs-blk | 1 | 9.0 s | 9.0 s | 300 MiB | 300.0 MiB | — | 100.0 MiB | 170.0 MiB | 30.0 MiB | 0.0 MiB | 10.0 MiB (10.0) | 280.0 MiB |",
 		// (630-300)/(3-1) = 165 per added pod; median RssAnon 6 of 5, 6, 7.
 		"| imagefs-blk | 3 | 20.0 s | 12.0 s | 630 MiB | 210.0 MiB | 165.0 MiB | 100.0 MiB | 100.0 MiB | 10.0 MiB | 0.0 MiB | 6.0 MiB (7.0) |",
-		"3 pods: 1 cache/images entries, 1 meta.bin files",
+		"| 3 | 1 | 1 | 1 |",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
