@@ -29,6 +29,7 @@ Commands:
   bench    compare the filesystem backends side by side (see kata-fsx bench -h)
   snapshotter  serve containerd's proxy snapshotter with remote (lazy) layers (see docs/snapshotter.md)
   monitor  serve every running pod's metrics on one port (like kata-monitor; docs/metrics.md)
+  cache    list the node caches and prune them to their budgets (see kata-fsx cache help)
   version  print the version
 
 Run 'kata-fsx COMMAND -h' for a command's options.
@@ -68,6 +69,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runSnapshotter(ctx, args[1:], stdout, stderr)
 	case "monitor":
 		return runMonitor(ctx, args[1:], stdout, stderr)
+	case "cache":
+		return runCache(ctx, args[1:], stdout, stderr)
 	case "bench":
 		return bench.Main(ctx, args[1:], stdout, stderr, config.DevPath())
 	case "version", "--version":

@@ -26,6 +26,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/content/lazyroot"
+	"github.com/kata-fsx/kata-fsx/nodecache/node"
 	"github.com/kata-fsx/kata-fsx/sandbox"
 )
 
@@ -189,6 +190,7 @@ func keepArgs(args []string) []string {
 }
 
 func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, error) {
+	r.pod.PruneCaches = node.AutoPrune
 	sb, err := sandbox.New(ctx, r.pod)
 	if err != nil {
 		return 1, err

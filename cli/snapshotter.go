@@ -75,6 +75,7 @@ func runSnapshotter(ctx context.Context, args []string, stdout, stderr io.Writer
 		l.Close()
 		return fail(err)
 	}
+	defer startAutoPrune(ctx, cfg, logf, nil)() // node caches to their [kata_fsx.cache] budgets
 	logf("kata-fsx snapshotter %s: serving %s (root %s, remote layers %v, config %s)", Version, sc.Address, sc.Root, sc.Remote, cfg.Path)
 	err = snapshotter.Serve(ctx, l, sn)
 	if cerr := sn.Close(); err == nil {

@@ -164,6 +164,7 @@ type KataFSX struct {
 	ImagefsBlk     ImagefsBlk  `toml:"imagefs_blk"`
 	Registry       Registry    `toml:"registry"`
 	Snapshotter    Snapshotter `toml:"snapshotter"`
+	Cache          Cache       `toml:"cache"`
 }
 
 type hypervisorTable struct {
@@ -242,6 +243,7 @@ func Default() *Config {
 			StateDir:       "/run/kata-fsx",
 			Registry:       DefaultRegistry(),
 			Snapshotter:    DefaultSnapshotter(),
+			Cache:          DefaultCache(),
 			ImagefsBlk: ImagefsBlk{
 				StateDir:       "/var/lib/kata-fsx/imagefs-blk",
 				WritableSizeMB: 1024,

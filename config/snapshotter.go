@@ -55,6 +55,7 @@ func ValidateSnapshotter(c *Config) error {
 	add := func(e *Error) { errs = append(errs, e) }
 	validateSnapshotter(&c.KataFSX.Snapshotter, add)
 	validateRegistry(&c.KataFSX.Registry, add)
+	validateCache(&c.KataFSX.Cache, add)
 	if c.KataFSX.ImagefsBlk.StateDir == "" || !filepath.IsAbs(c.KataFSX.ImagefsBlk.StateDir) {
 		add(&Error{Key: "kata_fsx.imagefs_blk.state_dir", Value: c.KataFSX.ImagefsBlk.StateDir, Problem: "must be an absolute path",
 			Fix: "use /var/lib/kata-fsx/imagefs-blk (the default): the node store of remote layers is under it"})

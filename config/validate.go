@@ -180,6 +180,7 @@ func Validate(c *Config, host HostFacts) error {
 	}
 	validateRegistry(&k.Registry, add)
 	validateSnapshotter(&k.Snapshotter, add)
+	validateCache(&k.Cache, add)
 	if b.Journal && b.JournalSizeMB == 0 {
 		add(&Error{Key: "kata_fsx.imagefs_blk.journal_size_mb", Value: "0", Problem: "journal is on but has no size", Fix: "set e.g. 16, or journal = false"})
 	}

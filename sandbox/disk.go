@@ -136,6 +136,7 @@ func (s *Sandbox) createDisk(ctx context.Context, cid string, rootfs config.Root
 		}
 		return nil, fmt.Errorf("container %s: %w", cid, err)
 	}
+	s.diskBuilt(serveCtx, d, opts) // node caches: hold its blobs, prune in the background
 	pd := &podDisk{Disk: d, deviceID: fmt.Sprintf("imagefs-blk-%d", seq), stopServing: stopServing}
 	s.mu.Lock()
 	defer s.mu.Unlock()

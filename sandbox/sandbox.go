@@ -28,6 +28,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/metrics"
 	"github.com/kata-fsx/kata-fsx/mount"
 	"github.com/kata-fsx/kata-fsx/network"
+	"github.com/kata-fsx/kata-fsx/nodecache"
 	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
 
@@ -61,6 +62,12 @@ type Spec struct {
 	// NetNSPath is the pod's network namespace (the OCI spec's network
 	// namespace path); empty for a pod without one, which gets no NIC.
 	NetNSPath string
+	// PruneCaches, when set, prunes the node caches to their budgets
+	// ([kata_fsx.cache]); the sandbox runs it in the background after it
+	// builds a disk. The caller supplies it (nodecache/node.AutoPrune) so
+	// that the sandbox knows nothing of the lazy store and registries
+	// whose caches it prunes.
+	PruneCaches func(ctx context.Context, cfg *config.Config, logf func(string, ...any)) (ran bool, _ []nodecache.Result, _ error)
 }
 
 // BackendVirtioBlk serves a prebuilt raw ext4 image file as the first
@@ -118,6 +125,8 @@ type Sandbox struct {
 	// lazy is the first container's lazy image store (Spec.RootfsLazy), closed
 	// after the disks that read it.
 	lazy LazyRootfs
+	// pruneCaches is Spec.PruneCaches.
+	pruneCaches func(ctx context.Context, cfg *config.Config, logf func(string, ...any)) (bool, []nodecache.Result, error)
 	// volumes are the containers' binds in the shared directory.
 	volumes map[string][]virtiofs.Volume
 	// metricsSrv serves the pod's metrics (ServeMetrics); Stop closes it.
@@ -177,6 +186,7 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 	}
 	s := newSandbox(ctx, spec.ID, d)
 	s.lazy, owned = spec.RootfsLazy, true
+	s.pruneCaches = spec.PruneCaches
 	log.G(ctx).WithField("sandbox", spec.ID).Infof("backend %s: %s", d.Backend, d.Reason)
 	for _, k := range cfg.Ignored {
 		log.G(ctx).WithField("sandbox", spec.ID).Warnf("%s", k)

@@ -28,6 +28,7 @@ import (
 	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/content/lazyroot"
+	"github.com/kata-fsx/kata-fsx/nodecache/node"
 	"github.com/kata-fsx/kata-fsx/sandbox"
 )
 
@@ -287,6 +288,7 @@ func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskReques
 			return nil, err
 		}
 	}
+	sbSpec.PruneCaches = node.AutoPrune
 	sb, err := sandbox.New(sbCtx, sbSpec)
 	close(booted)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/kata-fsx/kata-fsx/content/lazyindex"
+	"github.com/kata-fsx/kata-fsx/nodecache"
 )
 
 // The node cache (Options.CacheDir) holds
@@ -64,6 +65,7 @@ func loadCachedIndex(opts *Options, l *layer) (*lazyindex.Index, []byte) {
 		opts.logf("node cache index %s of %s unusable, ignored: %v", p, l, err)
 		return nil, nil
 	}
+	nodecache.Touch(p) // the stamp a prune's least-recently-used order reads
 	return ix, b
 }
 
@@ -113,6 +115,7 @@ func loadCachedImage(opts *Options, img *Image) bool {
 		opts.logf("node cache image %s unusable, ignored: %v", p, err)
 		return false
 	}
+	nodecache.Touch(p)
 	img.Manifest, img.ManifestDesc, img.Config = rec.Manifest, rec.ManifestDesc, cfg
 	opts.logf("%s: manifest %s and config from the node cache", img.Ref, rec.ManifestDesc.Digest)
 	return true

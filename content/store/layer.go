@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/content/lazyindex"
+	"github.com/kata-fsx/kata-fsx/nodecache"
 	"golang.org/x/sys/unix"
 )
 
@@ -114,6 +115,12 @@ func (l *layer) openFilesOnce() error {
 	if unlinked(l.data) || unlinked(l.cmap) {
 		return errRemoved
 	}
+	// Under the header lock, so that a prune (NodeCache) either removed
+	// the files before (seen just above) or finds them in use.
+	if err := markInUse(l.cmap); err != nil {
+		return err
+	}
+	nodecache.Touch(l.cmap.Name())
 	want := make([]byte, mapHeaderSize)
 	copy(want, mapMagic)
 	binary.LittleEndian.PutUint32(want[8:], mapVersion)

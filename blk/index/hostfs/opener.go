@@ -55,15 +55,7 @@ func (o Opener) Open(src index.Source, path string) (io.ReaderAt, error) {
 		if err != nil {
 			return nil, err
 		}
-		const flags = unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC | unix.O_NONBLOCK
-		fd, err := unix.Open(p, flags|unix.O_NOATIME, 0)
-		if err == unix.EPERM {
-			fd, err = unix.Open(p, flags, 0)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("open blob %s: %w", src.ID, err)
-		}
-		f, err := regularFile(fd, p)
+		f, err := openBlob(p)
 		if err != nil {
 			return nil, fmt.Errorf("open blob %s: %w", src.ID, err)
 		}

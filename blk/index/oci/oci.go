@@ -22,6 +22,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
 	"github.com/kata-fsx/kata-fsx/blk/index/tarlayer"
+	"github.com/kata-fsx/kata-fsx/nodecache"
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
@@ -96,6 +97,8 @@ func FromOCI(ctx context.Context, path, tag string, opts index.Options) (*index.
 		}
 		haveBlob := isRegular(blob)
 		if haveBlob {
+			// Used now: a prune's minimum age keeps it until the disk holds it.
+			nodecache.Touch(blob)
 			if ix := cache.Load(key, s); ix != nil {
 				idx[i] = ix
 				st.LayersCached++

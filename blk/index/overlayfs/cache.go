@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/nodecache"
 )
 
 // cacheVersion is folded into every cache key so that a change in how
@@ -45,6 +46,7 @@ func (c Cache) Load(key string, want index.Source) *index.Index {
 	if err != nil || len(ix.Sources) != 1 || ix.Sources[0] != want {
 		return nil
 	}
+	nodecache.Touch(f.Name()) // the stamp a prune's least-recently-used order reads
 	return ix
 }
 
@@ -72,6 +74,7 @@ func (c Cache) Store(key string, ix *index.Index) error {
 		err = cerr
 	}
 	if err == nil {
+		nodecache.TestPause("index-store") // a crash here leaves a temporary file, never an entry
 		err = os.Rename(f.Name(), p)
 	}
 	if err != nil {
