@@ -154,6 +154,24 @@ bench-blk: build guest
 bench-coldstart: build guest
 	$(GO) run ./test/bench/coldbench
 
+# The density benchmark (issue 19): N pods of one image started at once on
+# imagefs-blk and on virtio-fs (test/e2e's TestDensityBench through a
+# private containerd), the host memory of every pod's processes and the
+# start of the last pod, for each count of DENSITY_N within
+# DENSITY_BUDGET; docs/bench/density.json, rendered into docs/benchmarks.md
+# by test/bench/densitybench with the earlier runs kept for comparison
+# (DENSITY_EARLIER). Needs root, containerd and the guest kit;
+# ~25 min on 2 cores under TCG. Not part of `make test`.
+DENSITY_N      ?= 1,5,10,20,40
+DENSITY_BUDGET ?= 40m
+# Earlier committed runs rendered below the new one.
+DENSITY_EARLIER ?= $(wildcard docs/bench/density-before-*.json)
+.PHONY: bench-density
+bench-density: build guest
+	cd test/e2e && KATA_FSX_GUEST_DIR=$(GUESTDIR) KATA_FSX_DENSITY_N=$(DENSITY_N) KATA_FSX_DENSITY_BUDGET=$(DENSITY_BUDGET) \
+	  KATA_FSX_DENSITY_OUT=$(TOP)/docs/bench/density.json $(GO) test -count=1 -timeout 120m -run '^TestDensityBench$$' -v .
+	$(GO) run ./test/bench/densitybench -doc docs/benchmarks.md docs/bench/density.json $(DENSITY_EARLIER)
+
 # The test guest kit: kernel, initramfs and test agent, from Debian packages.
 # build.sh skips the work when its inputs are unchanged.
 guest:
