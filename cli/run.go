@@ -109,7 +109,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer, defaul
 				lazy.Close()
 			}
 		}()
-		idx = lazy.Tree
+		idx = lazy.TakeTree()
 		rspec = config.Rootfs{Kind: config.RootfsImage, ImageRef: *rootfs}
 	} else if kind, rest, ok := strings.Cut(*rootfs, ":"); ok && (kind == "dir" || kind == "layers" || kind == "oci" || kind == "oci-archive") {
 		if kind == "dir" {

@@ -31,7 +31,7 @@ func (s *service) lazyRootfs(ctx context.Context, spec *sandbox.Spec) error {
 		return toStatus(fmt.Errorf("container %s: annotation %s: %w", spec.ID, config.AnnotationLazyImage, err))
 	}
 	s.log(spec.ID).Infof("rootfs: %s read lazily on imagefs-blk (indexes: %s), in place of the rootfs containerd mounted", ref, lazy.Image.IndexSource)
-	spec.RootfsIndex, spec.RootfsLazy = lazy.Tree, lazy
+	spec.RootfsIndex, spec.RootfsLazy = lazy.TakeTree(), lazy
 	spec.Rootfs = config.Rootfs{Kind: config.RootfsImage, ImageRef: ref}
 	spec.Backend = config.SharedFSImagefsBlk
 	return nil
@@ -72,7 +72,7 @@ func (s *service) remoteLazyRootfs(ctx context.Context, cid string, cfg *config.
 	}
 	if root != nil {
 		s.log(cid).Infof("rootfs: remote layers of %s read lazily on imagefs-blk (indexes: %s)", remote.topRef(), root.Image.IndexSource)
-		return root.Tree, root, nil
+		return root.TakeTree(), root, nil
 	}
 	s.log(cid).Infof("rootfs: materializing its remote layers: %s", why)
 	if _, err := remote.materialize(ctx, logf); err != nil {

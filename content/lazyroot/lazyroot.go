@@ -69,6 +69,16 @@ type Root struct {
 	pushOnce  sync.Once
 }
 
+// TakeTree returns Tree and forgets it, so that once the caller's disk is
+// built from it the merged tree is garbage: a pod serving the image then
+// holds only the layers' indexes its store reads through, not a second,
+// merged copy of every entry for its lifetime.
+func (r *Root) TakeTree() *index.Index {
+	t := r.Tree
+	r.Tree = nil
+	return t
+}
+
 // Open resolves spec (registry:REF) and readies its store.
 func Open(ctx context.Context, spec string, o Options) (_ *Root, err error) {
 	refStr, ok := strings.CutPrefix(spec, Prefix)
