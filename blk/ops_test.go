@@ -3,13 +3,12 @@ package blk
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"os"
 	"path/filepath"
 	"testing"
 
+	"github.com/kata-fsx/kata-fsx/blk/vhostuser/blktest"
 	"github.com/kata-fsx/kata-fsx/vhostuser/vhostusertest"
-	"github.com/kata-fsx/kata-fsx/virtio/virtq/testdriver"
 )
 
 // A disk's Ops counts the virtio-blk requests its server answered: the
@@ -30,27 +29,7 @@ func TestDiskOps(t *testing.T) {
 	f.SetupMemory()
 	q := f.StartQueue(0, 64)
 	req := func(typ uint32, sector uint64, out []byte, inLen int) byte {
-		t.Helper()
-		hdr := binary.LittleEndian.AppendUint32(nil, typ)
-		hdr = binary.LittleEndian.AppendUint32(hdr, 0)
-		hdr = binary.LittleEndian.AppendUint64(hdr, sector)
-		ha := q.Alloc(16, 16)
-		q.Drv.Write(ha, hdr)
-		bufs := []testdriver.Buf{{Addr: ha, Len: 16}}
-		if len(out) > 0 {
-			a := q.Alloc(uint64(len(out)), 8)
-			q.Drv.Write(a, out)
-			bufs = append(bufs, testdriver.Buf{Addr: a, Len: uint32(len(out))})
-		}
-		if inLen > 0 {
-			bufs = append(bufs, testdriver.Buf{Addr: q.Alloc(uint64(inLen), 8), Len: uint32(inLen), Write: true})
-		}
-		sa := q.Alloc(1, 1)
-		bufs = append(bufs, testdriver.Buf{Addr: sa, Len: 1, Write: true})
-		q.Publish(bufs)
-		q.Kick()
-		q.WaitUsed()
-		return q.Drv.Read(sa, 1)[0]
+		return blktest.Request(q, typ, sector, out, inLen)
 	}
 	for i := range 3 {
 		if st := req(0, uint64(i*8), nil, 4096); st != 0 {

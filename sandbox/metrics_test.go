@@ -3,41 +3,16 @@ package sandbox
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"os"
 	"path/filepath"
 	"testing"
 
+	"github.com/kata-fsx/kata-fsx/blk/vhostuser/blktest"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/content/store"
 	"github.com/kata-fsx/kata-fsx/metrics"
 	"github.com/kata-fsx/kata-fsx/vhostuser/vhostusertest"
-	"github.com/kata-fsx/kata-fsx/virtio/virtq/testdriver"
 )
-
-// blkRequest sends one virtio-blk request on q and returns its status.
-func blkRequest(q *vhostusertest.Queue, typ uint32, sector uint64, out []byte, inLen int) byte {
-	hdr := binary.LittleEndian.AppendUint32(nil, typ)
-	hdr = binary.LittleEndian.AppendUint32(hdr, 0)
-	hdr = binary.LittleEndian.AppendUint64(hdr, sector)
-	ha := q.Alloc(16, 16)
-	q.Drv.Write(ha, hdr)
-	bufs := []testdriver.Buf{{Addr: ha, Len: 16}}
-	if len(out) > 0 {
-		a := q.Alloc(uint64(len(out)), 8)
-		q.Drv.Write(a, out)
-		bufs = append(bufs, testdriver.Buf{Addr: a, Len: uint32(len(out))})
-	}
-	if inLen > 0 {
-		bufs = append(bufs, testdriver.Buf{Addr: q.Alloc(uint64(inLen), 8), Len: uint32(inLen), Write: true})
-	}
-	sa := q.Alloc(1, 1)
-	bufs = append(bufs, testdriver.Buf{Addr: sa, Len: 1, Write: true})
-	q.Publish(bufs)
-	q.Kick()
-	q.WaitUsed()
-	return q.Drv.Read(sa, 1)[0]
-}
 
 // value finds the sample of family name whose labels include want.
 func value(t *testing.T, fams []metrics.Family, name string, want ...metrics.Label) float64 {
@@ -111,16 +86,16 @@ func TestServeMetrics(t *testing.T) {
 	q := f.StartQueue(0, 64)
 	const reads, writes = 5, 2
 	for i := range reads {
-		if st := blkRequest(q, 0, uint64(i*8), nil, 4096); st != 0 {
+		if st := blktest.Request(q, 0, uint64(i*8), nil, 4096); st != 0 {
 			t.Fatalf("read: status %d", st)
 		}
 	}
 	for i := range writes {
-		if st := blkRequest(q, 1, uint64(1024+i*8), bytes.Repeat([]byte{7}, 4096), 0); st != 0 {
+		if st := blktest.Request(q, 1, uint64(1024+i*8), bytes.Repeat([]byte{7}, 4096), 0); st != 0 {
 			t.Fatalf("write: status %d", st)
 		}
 	}
-	if st := blkRequest(q, 4, 0, nil, 0); st != 0 {
+	if st := blktest.Request(q, 4, 0, nil, 0); st != 0 {
 		t.Fatalf("flush: status %d", st)
 	}
 
