@@ -39,17 +39,7 @@ func HostCostMarkdown(rep *HostCostReport, jsonPath string) string {
 		return b.String()
 	}
 	b.WriteString("\n**Requests served / system calls of the serving process / those of them that are not waits, timers or signals**, per workload, less the baseline step:\n\n")
-	tableHead(&b, "workload", rows)
-	for _, st := range rep.Steps {
-		if st.Name == baselineStep {
-			continue
-		}
-		fmt.Fprintf(&b, "| %s |", st.Name)
-		for _, r := range rows {
-			fmt.Fprintf(&b, " %s |", costCell(r, st.Name))
-		}
-		b.WriteString("\n")
-	}
+	stepTable(&b, rep.Steps, rows, costCell)
 	b.WriteString("| *baseline, as measured (not subtracted)* |")
 	for _, r := range rows {
 		if c, ok := r.Raw[baselineStep]; ok {
@@ -61,42 +51,24 @@ func HostCostMarkdown(rep *HostCostReport, jsonPath string) string {
 	b.WriteString("\n\n")
 
 	b.WriteString("**The most frequent system calls** of each cell above (net of the baseline; a negative count is one the baseline made more of):\n\n")
-	tableHead(&b, "workload", rows)
-	for _, st := range rep.Steps {
-		if st.Name == baselineStep {
-			continue
+	stepTable(&b, rep.Steps, rows, func(r *HostCostRow, step string) string {
+		c, ok := r.Net[step]
+		if !ok {
+			return "—"
 		}
-		fmt.Fprintf(&b, "| %s |", st.Name)
-		for _, r := range rows {
-			c, ok := r.Net[st.Name]
-			if !ok {
-				b.WriteString(" — |")
-				continue
-			}
-			fmt.Fprintf(&b, " %s |", top(c.Syscalls, 4))
-		}
-		b.WriteString("\n")
-	}
+		return top(c.Syscalls, 4)
+	})
 	b.WriteString("\n**Requests by operation** (net of the baseline):\n\n")
-	tableHead(&b, "workload", rows)
-	for _, st := range rep.Steps {
-		if st.Name == baselineStep {
-			continue
+	stepTable(&b, rep.Steps, rows, func(r *HostCostRow, step string) string {
+		c, ok := r.Net[step]
+		switch {
+		case !ok:
+			return "—"
+		case requestSource(r.Kind) == "":
+			return "not counted"
 		}
-		fmt.Fprintf(&b, "| %s |", st.Name)
-		for _, r := range rows {
-			c, ok := r.Net[st.Name]
-			switch {
-			case !ok:
-				b.WriteString(" — |")
-			case requestSource(r.Kind) == "":
-				b.WriteString(" not counted |")
-			default:
-				fmt.Fprintf(&b, " %s |", top(c.Requests, 5))
-			}
-		}
-		b.WriteString("\n")
-	}
+		return top(c.Requests, 5)
+	})
 	b.WriteString("\nThe workloads (fixed amounts of work, run in the pod's container after `sync` and a drop of the guest's caches):\n\n")
 	for _, st := range rep.Steps {
 		fmt.Fprintf(&b, "- **%s**: %s: `%s`\n", st.Name, st.What, st.Cmd)
@@ -106,6 +78,22 @@ func HostCostMarkdown(rep *HostCostReport, jsonPath string) string {
 		fmt.Fprintf(&b, "- %s: system calls of %s; requests: %s.\n", r.Spec, r.Serving, r.Requests)
 	}
 	return b.String()
+}
+
+// stepTable writes a table with a row per workload step but the baseline
+// and a column per backend row, each cell what cell says of the pair.
+func stepTable(b *strings.Builder, steps []HostCostStep, rows []*HostCostRow, cell func(r *HostCostRow, step string) string) {
+	tableHead(b, "workload", rows)
+	for _, st := range steps {
+		if st.Name == baselineStep {
+			continue
+		}
+		fmt.Fprintf(b, "| %s |", st.Name)
+		for _, r := range rows {
+			fmt.Fprintf(b, " %s |", cell(r, st.Name))
+		}
+		b.WriteString("\n")
+	}
 }
 
 func tableHead(b *strings.Builder, first string, rows []*HostCostRow) {
