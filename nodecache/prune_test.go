@@ -1,19 +1,18 @@
 package nodecache
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/test/helperproc"
 )
 
 // helperEnv makes the test binary a helper process (TestHelperProcess):
@@ -44,56 +43,6 @@ func TestHelperProcess(t *testing.T) {
 		fmt.Println(r.Summary(), err)
 		os.Exit(0)
 	}
-}
-
-// helper starts the test binary as a helper process doing what and
-// returns it once it printed want (on stdout or stderr).
-func helper(t *testing.T, what, want string, env ...string) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
-	cmd.Env = append(append(os.Environ(), helperEnv+"="+what), env...)
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		pw.Close()
-	})
-	lines := make(chan string)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	var seen []string
-	for l := range lines {
-		if strings.Contains(l, want) {
-			go func() {
-				for range lines {
-				}
-			}()
-			return cmd
-		}
-		seen = append(seen, l)
-		if strings.HasPrefix(l, "error:") || strings.HasPrefix(l, "FAIL") || strings.HasPrefix(l, "PASS") {
-			break
-		}
-	}
-	t.Fatalf("helper %q never printed %q: %q", what, want, seen)
-	return nil
-}
-
-func kill(t *testing.T, cmd *exec.Cmd) {
-	t.Helper()
-	if err := cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
 }
 
 // writeEntries writes n entries of a Dir cache (suffix ".e"), entry i of
@@ -218,7 +167,7 @@ func TestPruneMinAge(t *testing.T) {
 func TestPruneSkipsHeld(t *testing.T) {
 	dir := t.TempDir()
 	ps := writeEntries(t, dir, 4)
-	holder := helper(t, "hold "+ps[1], "held")
+	holder := helperproc.Start(t, "TestHelperProcess", "held", helperEnv+"=hold "+ps[1])
 	c := &Dir{CacheName: "test", Path: dir, Suffix: ".e", Locked: true}
 	ctx := context.Background()
 	es, err := c.Entries(ctx)
@@ -246,7 +195,7 @@ func TestPruneSkipsHeld(t *testing.T) {
 	if es, _ := c.Entries(ctx); len(es) != 1 || time.Since(es[0].LastUsed) > time.Hour {
 		t.Fatalf("left %+v, want k1 used just now", es)
 	}
-	kill(t, holder)
+	helperproc.Kill(t, holder)
 	r, err = Prune(ctx, c, 0, PruneOptions{})
 	if err != nil || strings.Join(keys(r.Removed), ",") != "k1" || r.OverBudget() {
 		t.Fatalf("after the holder died: removed %v, %v", keys(r.Removed), err)
@@ -261,8 +210,8 @@ func TestPruneSkipsHeld(t *testing.T) {
 func TestPruneKilled(t *testing.T) {
 	dir := t.TempDir()
 	writeEntries(t, dir, 4)
-	cmd := helper(t, "prune "+dir+" 0", "nodecache: paused at prune", TestPauseEnv+"=prune")
-	kill(t, cmd)
+	cmd := helperproc.Start(t, "TestHelperProcess", "nodecache: paused at prune", helperEnv+"=prune "+dir+" 0", TestPauseEnv+"=prune")
+	helperproc.Kill(t, cmd)
 	c := &Dir{CacheName: "test", Path: dir, Suffix: ".e", Locked: true}
 	es, err := c.Entries(context.Background())
 	if err != nil {

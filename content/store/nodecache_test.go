@@ -1,20 +1,18 @@
 package store
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/nodecache"
+	"github.com/kata-fsx/kata-fsx/test/helperproc"
 )
 
 // cacheHelperEnv makes the test binary a helper process
@@ -49,40 +47,6 @@ func TestNodeCacheHelper(t *testing.T) {
 		r, err := nodecache.Prune(context.Background(), NodeCache(args[1]), 0, nodecache.PruneOptions{})
 		fmt.Println(r.Summary(), err)
 	}
-}
-
-// startHelper starts a helper process and returns it once it printed want.
-func startHelper(t *testing.T, what, want string, env ...string) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestNodeCacheHelper$", "-test.count=1")
-	cmd.Env = append(append(os.Environ(), cacheHelperEnv+"="+what), env...)
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		pw.Close()
-	})
-	sc := bufio.NewScanner(pr)
-	var seen []string
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), want) {
-			go func() {
-				for sc.Scan() {
-				}
-			}()
-			return cmd
-		}
-		seen = append(seen, sc.Text())
-		if strings.HasPrefix(sc.Text(), "PASS") || strings.HasPrefix(sc.Text(), "FAIL") {
-			break
-		}
-	}
-	t.Fatalf("helper %q never printed %q: %q", what, want, seen)
-	return nil
 }
 
 // fillLayer reads the whole of l through a Store on dir, so that its
@@ -145,7 +109,7 @@ func TestNodeCachePrune(t *testing.T) {
 	// and opening it stamps it used now), layer 2 in another.
 	s := openStore(t, Options{Dir: dir})
 	r1 := layerReader(t, s, ls[1], newFake(ls[1].blob))
-	holder := startHelper(t, fmt.Sprintf("hold %s 33", dir), "held")
+	holder := helperproc.Start(t, "TestNodeCacheHelper", "held", cacheHelperEnv+"="+fmt.Sprintf("hold %s 33", dir))
 	es, _ = c.Entries(ctx)
 	for _, e := range es {
 		if e.InUse != (e.Key == hex(1) || e.Key == hex(2)) {
@@ -179,7 +143,7 @@ func TestNodeCachePrune(t *testing.T) {
 		t.Fatalf("removed %s kept %s: want %s removed, the two open layers kept", entryKeys(r.Removed), entryKeys(r.KeptInUse), hex(3))
 	}
 	checkRead(t, r1, ls[1].tar, 0, len(ls[1].tar))
-	kill(t, holder)
+	helperproc.Kill(t, holder)
 	if err := c.Remove(ctx, hex(2)); err != nil {
 		t.Fatalf("Remove once its process was killed: %v", err)
 	}
@@ -193,14 +157,6 @@ func TestNodeCachePrune(t *testing.T) {
 	if es, _ := c.Entries(ctx); len(es) != 0 {
 		t.Fatalf("left %s", entryKeys(es))
 	}
-}
-
-func kill(t *testing.T, cmd *exec.Cmd) {
-	t.Helper()
-	if err := cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
 }
 
 // TestNodeCachePruneKilled: a prune killed between the two unlinks of a
@@ -225,8 +181,8 @@ func TestNodeCachePruneKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	cmd := startHelper(t, "prune "+dir, "nodecache: paused at content-remove", nodecache.TestPauseEnv+"=content-remove")
-	kill(t, cmd)
+	cmd := helperproc.Start(t, "TestNodeCacheHelper", "nodecache: paused at content-remove", cacheHelperEnv+"=prune "+dir, nodecache.TestPauseEnv+"=content-remove")
+	helperproc.Kill(t, cmd)
 	gone(t, base0+".chunks")
 	if _, err := os.Stat(base0 + ".data"); err != nil {
 		t.Fatalf("the kill came before the data file's unlink, yet: %v", err)

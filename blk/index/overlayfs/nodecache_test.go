@@ -1,13 +1,10 @@
 package overlayfs
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -18,6 +15,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 	"github.com/kata-fsx/kata-fsx/blk/index/indextest"
 	"github.com/kata-fsx/kata-fsx/nodecache"
+	"github.com/kata-fsx/kata-fsx/test/helperproc"
 )
 
 // cacheHelperEnv makes the test binary a helper (TestIndexCacheHelper):
@@ -49,32 +47,8 @@ func TestIndexCacheHelper(t *testing.T) {
 // kills it (SIGKILL) once it is there.
 func runKilled(t *testing.T, what, step string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestIndexCacheHelper$", "-test.count=1")
-	cmd.Env = append(os.Environ(), cacheHelperEnv+"="+what, nodecache.TestPauseEnv+"="+step)
-	pr, pw := io.Pipe()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer pw.Close()
-	sc := bufio.NewScanner(pr)
-	var seen []string
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), "paused at "+step) {
-			go func() {
-				for sc.Scan() {
-				}
-			}()
-			if err := cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			_ = cmd.Wait()
-			return
-		}
-		seen = append(seen, sc.Text())
-	}
-	_ = cmd.Wait()
-	t.Fatalf("helper %q never paused at %s: %q", what, step, seen)
+	cmd := helperproc.Start(t, "TestIndexCacheHelper", "paused at "+step, cacheHelperEnv+"="+what, nodecache.TestPauseEnv+"="+step)
+	helperproc.Kill(t, cmd)
 }
 
 // TestIndexCacheKilled: a prune of the per-layer index cache killed after
