@@ -118,21 +118,25 @@ func TestEncodeRoundTrip(t *testing.T) {
 	}
 }
 
+// Decode and View check the same things: every flipped byte and every
+// truncation is refused by both.
 func TestDecodeRejectsCorruption(t *testing.T) {
 	enc, err := sample(t).MarshalBinary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < len(enc); i++ {
-		bad := bytes.Clone(enc)
-		bad[i] ^= 0x40
-		if _, err := Decode(bad); !errors.Is(err, ErrFormat) {
-			t.Fatalf("flipping byte %d: err %v, want ErrFormat", i, err)
+	for name, open := range map[string]func([]byte) (*Map, error){"Decode": Decode, "View": View} {
+		for i := 0; i < len(enc); i++ {
+			bad := bytes.Clone(enc)
+			bad[i] ^= 0x40
+			if _, err := open(bad); !errors.Is(err, ErrFormat) {
+				t.Fatalf("%s, flipping byte %d: err %v, want ErrFormat", name, i, err)
+			}
 		}
-	}
-	for n := 0; n < len(enc); n++ {
-		if _, err := Decode(enc[:n]); err == nil {
-			t.Fatalf("truncated to %d bytes: accepted", n)
+		for n := 0; n < len(enc); n++ {
+			if _, err := open(enc[:n]); err == nil {
+				t.Fatalf("%s, truncated to %d bytes: accepted", name, n)
+			}
 		}
 	}
 }
