@@ -10,25 +10,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// errNoLockFile is lockFile's answer, without create, for a key that has
-// no lock file.
-var errNoLockFile = errors.New("no lock file")
-
-// lockFile opens path and takes a flock on it (unix.LOCK_SH or LOCK_EX),
-// waiting until ctx ends. A lock file is unlinked by Remove while it holds
-// it exclusively, so after acquiring, the lock must still be on the file
-// at path: if not, it is opened again.
-func lockFile(ctx context.Context, path string, how int, create bool) (*os.File, error) {
-	flags := os.O_RDWR
-	if create {
-		flags |= os.O_CREATE
-	}
+// lockFile opens (or creates) path and takes a flock on it (unix.LOCK_SH
+// or LOCK_EX), waiting until ctx ends. Lock files are unlinked by holders
+// of their exclusive lock (Remove, a finished build), so after acquiring,
+// the lock must still be on the file at path: if not, it is opened again.
+func lockFile(ctx context.Context, path string, how int) (*os.File, error) {
 	for {
-		f, err := os.OpenFile(path, flags, 0o644)
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 		if err != nil {
-			if !create && errors.Is(err, os.ErrNotExist) {
-				return nil, errNoLockFile
-			}
 			return nil, fmt.Errorf("imagestore: lock: %w", err)
 		}
 		if err := relock(ctx, f, how); err != nil {

@@ -34,8 +34,9 @@ var _ nodecache.Cache = (*nodeCache)(nil)
 func (*nodeCache) Name() string { return CacheName }
 
 // Entries lists the complete entries. It first deletes what no one will
-// serve: trash left by a killed Remove, and staging directories of dead
-// builders (those whose key's lock it can take exclusively).
+// serve: trash left by a killed Remove, and staging directories and build
+// lock files of dead builders (those whose build lock it can take
+// exclusively without waiting).
 func (c *nodeCache) Entries(ctx context.Context) ([]nodecache.Entry, error) {
 	ents, err := os.ReadDir(c.dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -57,6 +58,9 @@ func (c *nodeCache) Entries(ctx context.Context) ([]nodecache.Entry, error) {
 		case strings.HasPrefix(name, stagingPre):
 			c.sweepStaging(name)
 			continue
+		case strings.HasSuffix(name, buildSuffix):
+			c.sweepBuildLock(name)
+			continue
 		case !de.IsDir() || !ValidKey(name):
 			continue
 		}
@@ -72,14 +76,18 @@ func (c *nodeCache) Entries(ctx context.Context) ([]nodecache.Entry, error) {
 	return out, nil
 }
 
-// sweepStaging removes a staging directory whose builder is gone.
+// sweepStaging removes a staging directory whose builder is gone. A live
+// builder holds its key's build lock from before it makes the staging
+// directory until after the rename, so a build lock taken here without
+// waiting (or no build lock file at all) means none runs; it is taken
+// last, after no other lock, and never waited for.
 func (c *nodeCache) sweepStaging(name string) {
 	key, _, _ := strings.Cut(strings.TrimPrefix(name, stagingPre), "-")
 	if !ValidKey(key) {
 		return
 	}
-	f, err := lockFile(context.Background(), filepath.Join(c.dir, key+lockSuffix), unix.LOCK_SH, false)
-	if errors.Is(err, errNoLockFile) {
+	f, err := os.OpenFile(filepath.Join(c.dir, key+buildSuffix), os.O_RDWR, 0)
+	if errors.Is(err, fs.ErrNotExist) {
 		os.RemoveAll(filepath.Join(c.dir, name))
 		return
 	}
@@ -87,9 +95,23 @@ func (c *nodeCache) sweepStaging(name string) {
 		return
 	}
 	defer f.Close()
-	// Builders hold the lock exclusively: taking it (without waiting) means none runs.
 	if ok, _ := tryLock(f, unix.LOCK_EX); ok {
 		os.RemoveAll(filepath.Join(c.dir, name))
+	}
+}
+
+// sweepBuildLock unlinks the build lock file of a dead builder (a live
+// one, or an Acquire waiting for it, holds or is about to hold it; the
+// latter notices the unlink and opens the file again).
+func (c *nodeCache) sweepBuildLock(name string) {
+	path := filepath.Join(c.dir, name)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	if ok, _ := tryLock(f, unix.LOCK_EX); ok && sameFile(f, path) {
+		os.Remove(path)
 	}
 }
 

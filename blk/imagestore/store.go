@@ -7,15 +7,27 @@
 // On disk, under the store directory (<imagefs_blk.state_dir>/cache/images):
 //
 //	<key>/          a complete entry: meta.bin, blockmap.bin, manifest.json, used
-//	<key>.lock      its lock file: shared by each pod serving the entry, exclusive
-//	                while the entry is built or removed
+//	<key>.lock      its hold lock: shared by each pod serving the entry (and by
+//	                each Acquire while it looks or builds), exclusive only to
+//	                a pruner removing the entry, which never waits for it
+//	<key>.build     its build lock: exclusive to the one Acquire building the
+//	                entry; present only while a build runs or is waited for
 //	.tmp-<key>-*    a build in progress (or a dead builder's leftover): never served
 //	.trash-<key>-*  an entry being removed: never served
 //
 // An entry appears only by the rename of a complete, fsynced staging
-// directory, and disappears only by a rename under the exclusive lock, so a
-// process killed at any point leaves either a whole entry or nothing a
+// directory, and disappears only by a rename under the exclusive hold lock,
+// so a process killed at any point leaves either a whole entry or nothing a
 // later open would serve.
+//
+// Lock order: hold lock (shared) before build lock (exclusive). No one
+// waits for a lock while holding one that a waiter of the first could need:
+// readers and builders hold the hold lock only shared, so they never wait
+// on each other through it; a builder waits only for the build lock, which
+// no reader holds and whose holder waits for nothing but its own build; the
+// pruner takes both locks without waiting. Serving an entry (the hold lock
+// kept shared for a pod's life) therefore never keeps another pod of the
+// same image from starting.
 package imagestore
 
 import (
@@ -24,6 +36,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,6 +51,7 @@ import (
 // Names in the store directory and in an entry.
 const (
 	lockSuffix   = ".lock"
+	buildSuffix  = ".build"
 	stagingPre   = ".tmp-"
 	trashPre     = ".trash-"
 	usedFile     = "used" // its mtime is the entry's last use
@@ -203,41 +217,53 @@ func (s *Store) Acquire(ctx context.Context, idx *index.Index, opts ext4.Options
 	dir := filepath.Join(s.dir, key)
 	lockPath := dir + lockSuffix
 	for {
-		// Most pods find the entry: a shared lock keeps it from a pruner
-		// while they look and then while they serve it.
-		f, err := lockFile(ctx, lockPath, unix.LOCK_SH, true)
+		// The shared hold lock keeps a pruner from the entry while we look,
+		// build, and then serve it.
+		f, err := lockFile(ctx, lockPath, unix.LOCK_SH)
 		if err != nil {
 			return nil, err
 		}
 		if exists(dir) {
 			return s.open(key, f, false, 0)
 		}
-		f.Close()
-		f, err = lockFile(ctx, lockPath, unix.LOCK_EX, true)
+		built, took, err := s.buildOnce(ctx, key, norm, opts)
 		if err != nil {
-			return nil, err
-		}
-		built, took := false, time.Duration(0)
-		if !exists(dir) { // nobody built it while we waited
-			start := time.Now()
-			if err := s.build(ctx, key, norm, opts); err != nil {
-				f.Close()
-				return nil, err
-			}
-			built, took = true, time.Since(start)
-		}
-		// Downgrading is not atomic (flock drops the lock first), so a
-		// pruner may slip in: check again that the entry and lock file are
-		// the ones we built.
-		if err := relock(ctx, f, unix.LOCK_SH); err != nil {
 			f.Close()
 			return nil, err
 		}
-		if sameFile(f, lockPath) && exists(dir) {
+		if exists(dir) {
 			return s.open(key, f, built, took)
 		}
+		// The shared hold lock keeps pruners out, so only a hand outside
+		// the store can have taken the entry since: look again.
 		f.Close()
 	}
+}
+
+// buildOnce builds the entry key unless another Acquire did while this one
+// waited for the build lock; the caller holds the hold lock shared. Once
+// the entry is published the build lock file goes: a waiter still holding
+// the unlinked file notices (lockFile) and finds the entry.
+func (s *Store) buildOnce(ctx context.Context, key string, idx *index.Index, opts ext4.Options) (bool, time.Duration, error) {
+	dir := filepath.Join(s.dir, key)
+	buildPath := dir + buildSuffix
+	b, err := lockFile(ctx, buildPath, unix.LOCK_EX)
+	if err != nil {
+		return false, 0, err
+	}
+	defer b.Close()
+	built, took := false, time.Duration(0)
+	if !exists(dir) {
+		start := time.Now()
+		if err := s.build(ctx, key, idx, opts); err != nil {
+			return false, 0, err
+		}
+		built, took = true, time.Since(start)
+	}
+	if err := os.Remove(buildPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return false, 0, fmt.Errorf("imagestore: %w", err)
+	}
+	return built, took, nil
 }
 
 // open opens the entry key for serving; lock (held shared) goes to the entry.
@@ -259,7 +285,7 @@ func (s *Store) open(key string, lock *os.File, built bool, took time.Duration) 
 }
 
 // build synthesizes idx into a staging directory and renames it into
-// place; the caller holds the key's lock exclusively.
+// place; the caller holds the key's build lock.
 func (s *Store) build(ctx context.Context, key string, idx *index.Index, opts ext4.Options) (err error) {
 	// Staging directories of this key are a dead builder's: a live one
 	// would hold the lock we hold.

@@ -9,10 +9,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kata-fsx/kata-fsx/blk/ext4"
 	"github.com/kata-fsx/kata-fsx/blk/index"
@@ -39,6 +42,10 @@ func TestMain(m *testing.M) {
 //     staging directory print "paused" and wait for the file
 //     IMAGESTORE_GO (forever if it never appears: the test kills us).
 //   - "remove-pause": remove the entry, pausing after it was renamed away.
+//   - "acquire-many": print "ready", wait for IMAGESTORE_START, then
+//     acquire the entry from IMAGESTORE_N goroutines at once, print
+//     "built=<how many built> errors=<first error or none>", hold every
+//     entry until IMAGESTORE_GO appears, close them, exit.
 func runChild(what string) int {
 	ctx := context.Background()
 	dir, rootfs := os.Getenv("IMAGESTORE_DIR"), os.Getenv("IMAGESTORE_ROOTFS")
@@ -48,16 +55,48 @@ func runChild(what string) int {
 		return 1
 	}
 	s := New(dir)
-	wait := func() {
-		fmt.Println("paused")
+	waitFor := func(name string) {
 		for {
-			if _, err := os.Stat(os.Getenv("IMAGESTORE_GO")); err == nil {
+			if _, err := os.Stat(name); err == nil {
 				return
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
+	wait := func() {
+		fmt.Println("paused")
+		waitFor(os.Getenv("IMAGESTORE_GO"))
+	}
 	switch what {
+	case "acquire-many":
+		n, err := strconv.Atoi(os.Getenv("IMAGESTORE_N"))
+		if err != nil {
+			fmt.Println("error:", err)
+			return 1
+		}
+		fmt.Println("ready")
+		waitFor(os.Getenv("IMAGESTORE_START"))
+		// Bounded: a deadlock fails the test instead of hanging it.
+		actx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		entries, errs := acquireAll(actx, s, idx, n)
+		built := 0
+		firstErr := "none"
+		for i, e := range entries {
+			if errs[i] != nil && firstErr == "none" {
+				firstErr = errs[i].Error()
+			}
+			if e != nil && e.Built {
+				built++
+			}
+		}
+		fmt.Printf("built=%d errors=%s\n", built, firstErr)
+		waitFor(os.Getenv("IMAGESTORE_GO"))
+		for _, e := range entries {
+			if e != nil {
+				e.Close()
+			}
+		}
 	case "acquire-pause":
 		s.afterWrite = func(string) { wait() }
 		fallthrough
@@ -91,7 +130,7 @@ type child struct {
 	lines chan string
 }
 
-func startChild(t *testing.T, what, dir, rootfs, goFile string) *child {
+func startChild(t *testing.T, what, dir, rootfs, goFile string, env ...string) *child {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -99,6 +138,7 @@ func startChild(t *testing.T, what, dir, rootfs, goFile string) *child {
 	}
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+what, "IMAGESTORE_DIR="+dir, "IMAGESTORE_ROOTFS="+rootfs, "IMAGESTORE_GO="+goFile)
+	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -189,40 +229,111 @@ func storeNames(t *testing.T, dir string) []string {
 	return names
 }
 
-// Two goroutines acquiring one key get one entry, built by exactly one.
-func TestAcquireBuildsOnceAcrossGoroutines(t *testing.T) {
-	idx := indexOf(t, rootfs(t))
-	s := New(t.TempDir())
+// acquireAll acquires idx's entry from n goroutines at once and returns
+// what each got, every entry still held.
+func acquireAll(ctx context.Context, s *Store, idx *index.Index, n int) ([]*Entry, []error) {
 	var wg sync.WaitGroup
-	entries := make([]*Entry, 2)
-	errs := make([]error, 2)
+	start := make(chan struct{})
+	entries := make([]*Entry, n)
+	errs := make([]error, n)
 	for i := range entries {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			entries[i], errs[i] = s.Acquire(context.Background(), idx, ext4.Options{})
+			<-start
+			entries[i], errs[i] = s.Acquire(ctx, idx, ext4.Options{})
 		}()
 	}
+	close(start)
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			t.Fatal(err)
+	return entries, errs
+}
+
+// Goroutines acquiring one key at once get one entry, built by exactly
+// one, while every one of them holds it: a pod serving the image never
+// keeps another pod of it from starting.
+func TestAcquireBuildsOnceAcrossGoroutines(t *testing.T) {
+	for _, n := range []int{2, 8} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			idx := indexOf(t, rootfs(t))
+			s := New(t.TempDir())
+			// Bounded: a deadlock fails the test instead of hanging it.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			entries, errs := acquireAll(ctx, s, idx, n)
+			for _, e := range entries {
+				if e != nil {
+					defer e.Close()
+				}
+			}
+			built := 0
+			for i, err := range errs {
+				if err != nil {
+					t.Fatalf("acquire %d of %d: %v", i, n, err)
+				}
+				if entries[i].Built {
+					built++
+				}
+				if entries[i].Dir != entries[0].Dir || entries[i].Key != entries[0].Key {
+					t.Fatalf("two entries: %s, %s", entries[0].Dir, entries[i].Dir)
+				}
+				if entries[i].Image.Manifest.UUID != entries[0].Image.Manifest.UUID {
+					t.Fatal("entries disagree")
+				}
+			}
+			if built != 1 {
+				t.Fatalf("built by %d of %d acquirers, want 1", built, n)
+			}
+			key := entries[0].Key
+			if got, want := strings.Join(storeNames(t, s.Dir()), " "), key+" "+key+".lock"; got != want {
+				t.Fatalf("store holds %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// Two processes of eight goroutines each acquire one key at the same
+// instant and hold it: one build among the sixteen, none waits forever.
+func TestAcquireBuildsOnceAcrossGoroutinesAndProcesses(t *testing.T) {
+	src, dir := rootfs(t), t.TempDir()
+	files := t.TempDir()
+	startFile, goFile := filepath.Join(files, "start"), filepath.Join(files, "go")
+	var kids []*child
+	for range 2 {
+		c := startChild(t, "acquire-many", dir, src, goFile, "IMAGESTORE_N=8", "IMAGESTORE_START="+startFile)
+		c.expect(t, "ready")
+		kids = append(kids, c)
+	}
+	if err := os.WriteFile(startFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	built := 0
+	for i, c := range kids {
+		line, ok := <-c.lines
+		var b int
+		var errText string
+		if !ok {
+			t.Fatalf("process %d ended before it acquired", i)
 		}
+		if _, err := fmt.Sscanf(line, "built=%d errors=%s", &b, &errText); err != nil || errText != "none" {
+			t.Fatalf("process %d said %q", i, line)
+		}
+		built += b
 	}
-	defer entries[0].Close()
-	defer entries[1].Close()
-	if entries[0].Built == entries[1].Built {
-		t.Fatalf("built by both or neither: %t, %t", entries[0].Built, entries[1].Built)
+	// Both processes now hold the entry; a third acquirer still gets it.
+	e, err := New(dir).Acquire(context.Background(), indexOf(t, src), ext4.Options{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if entries[0].Dir != entries[1].Dir || entries[0].Key != entries[1].Key {
-		t.Fatalf("two entries: %s, %s", entries[0].Dir, entries[1].Dir)
+	e.Close()
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
-	key := entries[0].Key
-	if got, want := strings.Join(storeNames(t, s.Dir()), " "), key+" "+key+".lock"; got != want {
-		t.Fatalf("store holds %q, want %q", got, want)
+	for _, c := range kids {
+		c.finish(t)
 	}
-	if entries[0].Image.Manifest.UUID != entries[1].Image.Manifest.UUID {
-		t.Fatal("entries disagree")
+	if built != 1 || e.Built {
+		t.Fatalf("built %d times by the processes (and %t here), want once", built, e.Built)
 	}
 }
 
@@ -535,14 +646,37 @@ func TestAcquireWaitEndsWithContext(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	f, err := lockFile(context.Background(), filepath.Join(dir, key+lockSuffix), 2 /* LOCK_EX */, true)
+	f, err := lockFile(context.Background(), filepath.Join(dir, key+buildSuffix), unix.LOCK_EX)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if _, err := New(dir).Acquire(ctx, idx, ext4.Options{}); !errors.Is(err, context.Canceled) {
-		t.Fatalf("acquire against a held build lock with a cancelled context: %v", err)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := New(dir).Acquire(ctx, idx, ext4.Options{}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("acquire against a held build lock: %v, want the context's deadline", err)
+	}
+}
+
+// A build lock left by a dead builder is swept by listing, and one a live
+// builder holds is not.
+func TestNodeCacheSweepsDeadBuildLock(t *testing.T) {
+	dir := t.TempDir()
+	key := strings.Repeat("ab", 32)
+	dead := filepath.Join(dir, key+buildSuffix)
+	if err := os.WriteFile(dead, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	liveKey := strings.Repeat("cd", 32)
+	live, err := lockFile(context.Background(), filepath.Join(dir, liveKey+buildSuffix), unix.LOCK_EX)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	if _, err := NodeCache(dir).Entries(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(storeNames(t, dir), " "), liveKey+buildSuffix; got != want {
+		t.Fatalf("store holds %q after listing, want %q", got, want)
 	}
 }
