@@ -6,38 +6,82 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kata-fsx/kata-fsx/mount"
 )
 
 // GuestSharedMount is where the guest agent mounts the kataShared tag, as Kata does.
 const GuestSharedMount = "/run/kata-containers/shared/containers/"
 
-// SharedDir is a sandbox's shared/ directory, the tree virtiofsd exports.
-// It is its own mount with shared propagation, so container rootfs binds
-// made after virtiofsd started (in its own mount namespace) reach it.
+// SharedDir is a sandbox's share with the guest, split as Kata splits it
+// so that the guest never writes a directory the shim resolves a path
+// through:
+//
+//	<sandbox>/mounts/   host-only: the shim makes each container's rootfs
+//	                    bind (<cid>/rootfs) and each volume bind here
+//	<sandbox>/shared/   what virtiofsd (or 9p) exports: a read-only,
+//	                    nosuid, nodev bind of mounts/ that receives (as a
+//	                    slave) every bind made there later
+//
+// The binds themselves keep their own write access (a container's rootfs
+// and rw volumes stay writable for the guest) and are all nosuid and
+// nodev; the directories above them are read-only to the guest. Every
+// mount, unmount and removal goes through a mount.Tree on mounts/: fd
+// relative, beneath it, no symlink followed, and an unmount only of the
+// mount id that was made.
 type SharedDir struct {
+	// Root is the shared/ directory the daemon exports.
 	Root string
+	// Mounts is the host-only mounts/ directory the shim binds into.
+	Mounts string
+
+	tree *mount.Tree
+	mu   sync.Mutex
+	ids  map[string]uint64 // bind name below Mounts -> its mount id
 }
 
-// NewSharedDir creates <sandboxDir>/shared (the sandbox directory 0700) and
-// makes it a shared mount point.
-func NewSharedDir(sandboxDir string) (*SharedDir, error) {
+// NewSharedDir creates <sandboxDir>/mounts (a shared mount, so binds made
+// there after the daemon started, in its own mount namespace, reach it)
+// and <sandboxDir>/shared, the read-only view of it.
+func NewSharedDir(sandboxDir string) (s *SharedDir, err error) {
 	if err := os.MkdirAll(sandboxDir, 0o700); err != nil {
 		return nil, fmt.Errorf("sandbox directory: %w", err)
 	}
-	root := filepath.Join(sandboxDir, "shared")
-	if err := os.Mkdir(root, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+	sb, err := mount.OpenTree(sandboxDir)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox directory: %w", err)
+	}
+	defer sb.Close()
+	s = &SharedDir{Root: filepath.Join(sandboxDir, "shared"), Mounts: filepath.Join(sandboxDir, "mounts"), ids: map[string]uint64{}}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, s.Cleanup())
+		}
+	}()
+	if err := sb.Mkdir("mounts", 0o755); err != nil {
 		return nil, fmt.Errorf("shared directory: %w", err)
 	}
-	if err := unix.Mount(root, root, "", unix.MS_BIND, ""); err != nil {
-		return nil, fmt.Errorf("bind %s onto itself: %w", root, err)
+	if err := unix.Mount(s.Mounts, s.Mounts, "", unix.MS_BIND, ""); err != nil {
+		return nil, fmt.Errorf("bind %s onto itself: %w", s.Mounts, err)
 	}
-	if err := unix.Mount("", root, "", unix.MS_SHARED, ""); err != nil {
-		unix.Unmount(root, unix.MNT_DETACH)
-		return nil, fmt.Errorf("make %s a shared mount: %w", root, err)
+	if err := unix.Mount("", s.Mounts, "", unix.MS_SHARED, ""); err != nil {
+		return nil, fmt.Errorf("make %s a shared mount: %w", s.Mounts, err)
 	}
-	return &SharedDir{Root: root}, nil
+	if s.tree, err = mount.OpenTree(s.Mounts); err != nil {
+		return nil, fmt.Errorf("shared directory: %w", err)
+	}
+	src, err := mount.Clone(s.Mounts, false)
+	if err != nil {
+		return nil, fmt.Errorf("shared directory: %w", err)
+	}
+	defer src.Close()
+	if _, err := sb.Attach(src, "shared", mount.BindOptions{ReadOnly: true, Propagation: unix.MS_SLAVE}); err != nil {
+		return nil, fmt.Errorf("shared directory: %w", err)
+	}
+	return s, nil
 }
 
 func validID(id string) error {
@@ -47,24 +91,54 @@ func validID(id string) error {
 	return nil
 }
 
-// BindRootfs bind-mounts a container's rootfs to shared/<cid>/rootfs and
+// bind attaches a clone of src below mounts/ at rel and records its id.
+func (s *SharedDir) bind(src *mount.Source, rel string, o mount.BindOptions) error {
+	id, err := s.tree.Attach(src, rel, o)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.ids[rel] = id
+	s.mu.Unlock()
+	return nil
+}
+
+// unbind detaches the bind at rel, if this SharedDir made one, and
+// removes its mount point.
+func (s *SharedDir) unbind(rel string) error {
+	s.mu.Lock()
+	id, ok := s.ids[rel]
+	s.mu.Unlock()
+	if ok {
+		if err := s.tree.Unmount(rel, id); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		delete(s.ids, rel)
+		s.mu.Unlock()
+	}
+	return s.tree.RemoveEmpty(rel)
+}
+
+// BindRootfs bind-mounts a container's rootfs to mounts/<cid>/rootfs and
 // returns the path the guest sees it at.
 func (s *SharedDir) BindRootfs(cid, src string, readonly bool) (string, error) {
 	if err := validID(cid); err != nil {
 		return "", err
 	}
-	dst := filepath.Join(s.Root, cid, "rootfs")
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return "", fmt.Errorf("container %s rootfs mount point: %w", cid, err)
+	from, err := mount.Clone(src, true)
+	if err != nil {
+		return "", fmt.Errorf("container %s rootfs: %w", cid, err)
 	}
-	if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return "", fmt.Errorf("bind container %s rootfs %s: %w", cid, src, err)
+	defer from.Close()
+	if !from.Mode.IsDir() {
+		return "", fmt.Errorf("container %s rootfs %s is not a directory", cid, src)
 	}
-	if readonly {
-		if err := unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
-			unix.Unmount(dst, unix.MNT_DETACH)
-			return "", fmt.Errorf("make container %s rootfs read-only: %w", cid, err)
-		}
+	if err := s.tree.Mkdir(cid, 0o755); err != nil {
+		return "", fmt.Errorf("container %s: %w", cid, err)
+	}
+	if err := s.bind(from, cid+"/rootfs", mount.BindOptions{ReadOnly: readonly}); err != nil {
+		return "", errors.Join(fmt.Errorf("bind container %s rootfs %s: %w", cid, src, err), s.tree.RemoveEmpty(cid))
 	}
 	return GuestSharedMount + cid + "/rootfs", nil
 }
@@ -74,65 +148,42 @@ func (s *SharedDir) Unbind(cid string) error {
 	if err := validID(cid); err != nil {
 		return err
 	}
-	dir := filepath.Join(s.Root, cid)
-	if err := unix.Unmount(filepath.Join(dir, "rootfs"), unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("unmount container %s rootfs: %w", cid, err)
+	if err := s.unbind(cid + "/rootfs"); err != nil {
+		return fmt.Errorf("container %s rootfs: %w", cid, err)
 	}
-	return removeEmptyTree(dir)
+	return s.tree.RemoveEmpty(cid)
 }
 
-// Cleanup unmounts every container bind and volume and the shared
-// directory itself and removes it. Nothing under it is deleted that is not an empty directory, so
-// a bind that failed to unmount never costs a container's files.
+// Cleanup unmounts every container bind and volume, the read-only view
+// and mounts/ itself, and removes both. Nothing is deleted that is not an
+// empty directory or an empty mount-point file, so a bind that failed to
+// unmount never costs a container's or a volume's files.
 func (s *SharedDir) Cleanup() error {
-	// Volume binds go first: walking the tree with a host directory still
-	// bound below it could remove that directory's empty subdirectories.
-	if err := unmountBelow(s.Root); err != nil {
-		return err
-	}
-	entries, _ := os.ReadDir(s.Root)
-	var errs []error
-	for _, e := range entries {
-		if !e.IsDir() {
-			// A single-file volume's mount point.
-			if err := removeMountPoint(filepath.Join(s.Root, e.Name())); err != nil {
-				errs = append(errs, err)
-			}
-			continue
-		}
-		if err := s.Unbind(e.Name()); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := unix.Unmount(s.Root, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		errs = append(errs, fmt.Errorf("unmount %s: %w", s.Root, err))
-	}
-	if err := removeEmptyTree(s.Root); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
-}
-
-// removeEmptyTree removes dir and its subdirectories, which must all be
-// empty directories; a file or a mount still in place is an error.
-func removeEmptyTree(dir string) error {
-	entries, err := os.ReadDir(dir)
+	sb, err := mount.OpenTree(filepath.Dir(s.Mounts))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	for _, e := range entries {
-		if !e.IsDir() {
-			return fmt.Errorf("%s is not empty: %s", dir, e.Name())
-		}
-		if err := removeEmptyTree(filepath.Join(dir, e.Name())); err != nil {
+	defer sb.Close()
+	if s.tree != nil {
+		s.tree.Close()
+		s.tree = nil
+	}
+	// The view first: its copies of the binds go with it. Only what the
+	// mount table shows at or below the two is unmounted, each checked to
+	// be the mount found there.
+	var errs []error
+	for _, name := range []string{"shared", "mounts"} {
+		if err := sb.UnmountAll(name); err != nil {
 			return err
 		}
 	}
-	if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("remove %s: %w", dir, err)
+	for _, name := range []string{"shared", "mounts"} {
+		if err := sb.RemoveEmpty(name); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
