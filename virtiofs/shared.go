@@ -67,6 +67,9 @@ func NewSharedDir(sandboxDir string) (s *SharedDir, err error) {
 	if err := unix.Mount(s.Mounts, s.Mounts, "", unix.MS_BIND, ""); err != nil {
 		return nil, fmt.Errorf("bind %s onto itself: %w", s.Mounts, err)
 	}
+	if err := unix.Mount("", s.Mounts, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		return nil, fmt.Errorf("make %s nosuid, nodev: %w", s.Mounts, err)
+	}
 	if err := unix.Mount("", s.Mounts, "", unix.MS_SHARED, ""); err != nil {
 		return nil, fmt.Errorf("make %s a shared mount: %w", s.Mounts, err)
 	}
