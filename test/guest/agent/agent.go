@@ -47,6 +47,9 @@ type agent struct {
 	// modulesErr is its result, readable after that.
 	modulesDone chan struct{}
 	modulesErr  error
+
+	// hostile, when set, makes this agent a compromised one (hostile.go).
+	hostile *hostile
 }
 
 type container struct {
@@ -176,6 +179,8 @@ func (a *agent) CreateSandbox(ctx context.Context, req *pb.CreateSandboxRequest)
 	if a.sandboxID == "" {
 		a.sandboxID = "sandbox"
 	}
+	a.hostile.attack("sandbox")
+	a.hostile.race()
 	return &emptypb.Empty{}, nil
 }
 
@@ -184,6 +189,8 @@ func (a *agent) CreateSandbox(ctx context.Context, req *pb.CreateSandboxRequest)
 func (a *agent) DestroySandbox(ctx context.Context, _ *pb.DestroySandboxRequest) (*emptypb.Empty, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.hostile.endRace()
+	a.hostile.attack("teardown")
 	for id, c := range a.containers {
 		c.killAll(ctx, 5*time.Second)
 		a.cgroups.remove(c.cgroup)
@@ -267,6 +274,7 @@ func (a *agent) CreateContainer(ctx context.Context, req *pb.CreateContainerRequ
 		cgroup:   cg,
 		execs:    map[string]*process{},
 	}
+	a.hostile.attack("create")
 	return &emptypb.Empty{}, nil
 }
 
@@ -469,6 +477,7 @@ func exitStatus(ps *os.ProcessState) int32 {
 func (a *agent) ExecProcess(ctx context.Context, req *pb.ExecProcessRequest) (*emptypb.Empty, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.hostile.attack("exec")
 	c, ok := a.containers[req.GetContainerId()]
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "container %s not found", req.GetContainerId())
@@ -757,6 +766,8 @@ func (a *agent) RemoveContainer(ctx context.Context, req *pb.RemoveContainerRequ
 	a.mu.Lock()
 	delete(a.containers, c.id)
 	a.mu.Unlock()
+	// Last, so the shim's unbind meets what was planted.
+	a.hostile.attack("delete")
 	return &emptypb.Empty{}, nil
 }
 

@@ -64,6 +64,7 @@ func boot() error {
 		log.Printf("no %s: the kernel has its drivers built in", modulesList)
 	}
 	a := newAgent()
+	a.hostile = hostileFromCmdline()
 	channels := make(chan struct{})
 	go func() {
 		err := loadModules(modulesList, func() {
