@@ -240,3 +240,32 @@ func TestHostileGuest(t *testing.T) {
 		})
 	}
 }
+
+// TestPrivilegedContainerSeesShareReadOnly: a container with every
+// capability (kata-fsx run's) mounts the virtio-fs share itself and finds
+// the tree the shim mounts in read-only, and its own rootfs still
+// writable through it.
+func TestPrivilegedContainerSeesShareReadOnly(t *testing.T) {
+	e := newEnv(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	rootfs := busyboxRootfs(t)
+	script := `/bin/busybox mount -t virtiofs kataShared /tmp || exit 9
+for op in "touch /tmp/x" "mkdir /tmp/d" "ln -s / /tmp/l" "mv /tmp/$(ls /tmp | head -1) /tmp/moved" "touch /tmp/$(ls /tmp | head -1)/x"; do
+  /bin/busybox sh -c "$op" 2>&1 && echo "$op: ok"
+done
+echo rootfs > /tmp/$(ls /tmp | head -1)/rootfs/written && echo rootfs-write: ok`
+	r := e.run(ctx, "run", "--backend", "virtio-fs", "--rootfs", "dir:"+rootfs, "--", "/bin/sh", "-c", script)
+	if r.code != 0 {
+		t.Fatalf("run: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if strings.Count(r.stdout, "Read-only file system") != 5 || strings.Contains(strings.ReplaceAll(r.stdout, "rootfs-write: ok", ""), ": ok") {
+		t.Errorf("writes to the share's tree, want 5 EROFS refusals:\n%s", r.stdout)
+	}
+	if !strings.Contains(r.stdout, "rootfs-write: ok") {
+		t.Errorf("the container's own rootfs was not writable through the share:\n%s", r.stdout)
+	}
+	if b, err := os.ReadFile(filepath.Join(rootfs, "written")); err != nil || string(b) != "rootfs\n" {
+		t.Errorf("the rootfs write did not reach the host: %q, %v", b, err)
+	}
+}
