@@ -425,6 +425,13 @@ func (c *Client) authorize(ctx context.Context, hc *http.Client, h Host, scope s
 			if err != nil {
 				return fmt.Errorf("%w: %w", ErrUnauthorized, err)
 			}
+			// The realm gets the registry's credentials and answers with
+			// a token that is as good as them: never over plain http
+			// when the registry itself is https.
+			if h.Scheme == "https" && realm.Scheme != "https" {
+				return fmt.Errorf("%w: bearer realm %s of registry %s is plain http; refusing to send credentials to it",
+					ErrUnauthorized, realm, h.Scheme+"://"+h.Host)
+			}
 			// hosts.toml's ca, skip_verify and client certificate vouch
 			// for the registry, not for a realm it names elsewhere (and
 			// the registry's client would strip the credentials the

@@ -40,6 +40,37 @@ func tokenServer(calls *atomic.Int32, token string) http.HandlerFunc {
 	}
 }
 
+// TestPlainHTTPRealmRefused: an https registry whose bearer challenge
+// names an http:// realm is refused before the realm is asked anything,
+// so credentials and the token never cross the network in the clear.
+func TestPlainHTTPRealmRefused(t *testing.T) {
+	var realmCalls atomic.Int32
+	realm := httptest.NewServer(tokenServer(&realmCalls, "tok"))
+	defer realm.Close()
+	realmURL := realm.URL + "/token"
+	reg := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == "Bearer tok" {
+			json.NewEncoder(w).Encode(ocispec.Manifest{MediaType: ocispec.MediaTypeImageManifest})
+			return
+		}
+		w.Header().Set("WWW-Authenticate", fmt.Sprintf(`Bearer realm=%q,service="s"`, realmURL))
+		http.Error(w, "unauthorized", http.StatusUnauthorized)
+	}))
+	defer reg.Close()
+	host, cfg := tlsRegistry(t, reg, `ca = "ca.pem"`)
+	c := New(Options{ConfigPath: cfg, Attempts: 1,
+		Credentials: func(string) (Credentials, error) { return Credentials{Username: "node", Secret: "pw"}, nil }})
+	ref, _ := ParseReference(host + "/a/b:c")
+	_, err := c.Resolve(context.Background(), ref)
+	t.Logf("refused: %v", err)
+	if err == nil || !strings.Contains(err.Error(), realmURL) || !strings.Contains(err.Error(), "https://"+host) {
+		t.Fatalf("resolve with an http realm: %v, want a refusal naming the realm %s and the registry https://%s", err, realmURL, host)
+	}
+	if n := realmCalls.Load(); n != 0 {
+		t.Fatalf("the http realm was asked %d times, want never", n)
+	}
+}
+
 // TestRealmTLS: a token realm on another host is reached with default TLS
 // (system roots), never the registry's ca, skip_verify or client
 // certificate, so a realm only the registry's settings would trust is
