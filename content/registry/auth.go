@@ -153,14 +153,20 @@ func ParseChallenges(values []string) ([]Challenge, error) {
 // maxTokenResponse bounds a token server's answer.
 const maxTokenResponse = 1 << 20
 
-// fetchToken asks a bearer challenge's realm for a token for scope, with
-// basic credentials when there are some (Docker's token protocol, GET).
-func fetchToken(ctx context.Context, hc *http.Client, c Challenge, scope string, cred Credentials) (string, error) {
+// realmURL gives a bearer challenge's realm, an http(s) URL.
+func realmURL(c Challenge) (*url.URL, error) {
 	realm := c.Params["realm"]
 	u, err := url.Parse(realm)
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-		return "", fmt.Errorf("bearer challenge realm %q is not an http(s) URL", realm)
+		return nil, fmt.Errorf("bearer challenge realm %q is not an http(s) URL", truncate(realm))
 	}
+	return u, nil
+}
+
+// fetchToken asks realm (c's) for a token for scope, with basic
+// credentials when there are some (Docker's token protocol, GET).
+func fetchToken(ctx context.Context, hc *http.Client, realm *url.URL, c Challenge, scope string, cred Credentials) (string, error) {
+	u := *realm
 	q := u.Query()
 	if s := c.Params["service"]; s != "" {
 		q.Set("service", s)

@@ -38,6 +38,11 @@ type Options struct {
 type Client struct {
 	opts Options
 
+	// elsewhere carries requests to hosts other than a registry's own
+	// (upload Locations, redirect targets, token realms): default TLS,
+	// so hosts.toml trust and client certificates stay with their host.
+	elsewhere *http.Transport
+
 	mu         sync.Mutex
 	transports map[string]*http.Client // by host URL
 	tokens     map[string]string       // by host URL + " " + scope
@@ -54,7 +59,9 @@ func New(opts Options) *Client {
 	if opts.UserAgent == "" {
 		opts.UserAgent = "kata-fsx"
 	}
-	return &Client{opts: opts, transports: map[string]*http.Client{}, tokens: map[string]string{}}
+	tr := newTransport(0)
+	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	return &Client{opts: opts, elsewhere: tr, transports: map[string]*http.Client{}, tokens: map[string]string{}}
 }
 
 // Error is a failed registry operation, naming where and what.
@@ -158,19 +165,12 @@ func (c *Client) onHosts(ctx context.Context, ref Reference, cap Capability, op 
 	return errors.Join(errs...)
 }
 
-// httpClient gives the (cached) client with h's TLS settings.
-func (c *Client) httpClient(h Host) (*http.Client, error) {
-	key := h.Scheme + "://" + h.Host
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if hc, ok := c.transports[key]; ok {
-		return hc, nil
-	}
-	dial := h.DialTimeout
+// newTransport gives a transport without TLS settings; dial zero is 30s.
+func newTransport(dial time.Duration) *http.Transport {
 	if dial <= 0 {
 		dial = 30 * time.Second
 	}
-	tr := &http.Transport{
+	return &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           (&net.Dialer{Timeout: dial, KeepAlive: 30 * time.Second}).DialContext,
 		TLSHandshakeTimeout:   10 * time.Second,
@@ -178,6 +178,69 @@ func (c *Client) httpClient(h Host) (*http.Client, error) {
 		MaxIdleConnsPerHost:   16,
 		IdleConnTimeout:       90 * time.Second,
 	}
+}
+
+// origin is scheme://host:port in lower case with the scheme's default
+// port spelled out, so two spellings of one endpoint compare equal.
+func origin(scheme, hostport string) string {
+	u := url.URL{Host: hostport}
+	scheme = strings.ToLower(scheme)
+	port := u.Port()
+	switch {
+	case port != "":
+	case scheme == "https":
+		port = "443"
+	case scheme == "http":
+		port = "80"
+	}
+	return scheme + "://" + net.JoinHostPort(strings.ToLower(u.Hostname()), port)
+}
+
+// sameOrigin reports whether u is on h itself: same scheme, host and port.
+// Only such requests may carry h's credentials, headers and client
+// certificate; another port or a downgrade to http is another server.
+func sameOrigin(u *url.URL, h Host) bool {
+	return origin(u.Scheme, u.Host) == origin(h.Scheme, h.Host)
+}
+
+// confined sends requests for origin through own and every other
+// request (a redirect elsewhere) through elsewhere, stripped of
+// Authorization and the hosts.toml headers: net/http keeps Authorization
+// on a redirect to another port or scheme of the same host name, and
+// other headers on any redirect.
+type confined struct {
+	origin    string
+	own       http.RoundTripper
+	elsewhere http.RoundTripper
+	// strip holds canonical header names; hosts.toml keys reach the
+	// request spelled as written, so matching is on canonical forms.
+	strip map[string]bool
+}
+
+func (t *confined) RoundTrip(req *http.Request) (*http.Response, error) {
+	if origin(req.URL.Scheme, req.URL.Host) == t.origin {
+		return t.own.RoundTrip(req)
+	}
+	// A RoundTripper must not change its caller's request.
+	req = req.Clone(req.Context())
+	for k := range req.Header {
+		if ck := http.CanonicalHeaderKey(k); ck == "Authorization" || t.strip[ck] {
+			delete(req.Header, k)
+		}
+	}
+	return t.elsewhere.RoundTrip(req)
+}
+
+// httpClient gives the (cached) client with h's TLS settings for h and
+// default ones for any other host a request is sent or redirected to.
+func (c *Client) httpClient(h Host) (*http.Client, error) {
+	key := h.Scheme + "://" + h.Host
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if hc, ok := c.transports[key]; ok {
+		return hc, nil
+	}
+	tr := newTransport(h.DialTimeout)
 	if h.Scheme == "https" {
 		tc := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: h.SkipVerify} //nolint:gosec // only where hosts.toml says skip_verify
 		if len(h.CAs) > 0 {
@@ -209,7 +272,11 @@ func (c *Client) httpClient(h Host) (*http.Client, error) {
 		}
 		tr.TLSClientConfig = tc
 	}
-	hc := &http.Client{Transport: tr}
+	strip := map[string]bool{}
+	for k := range h.Header {
+		strip[http.CanonicalHeaderKey(k)] = true
+	}
+	hc := &http.Client{Transport: &confined{origin: origin(h.Scheme, h.Host), own: tr, elsewhere: c.elsewhere, strip: strip}}
 	c.transports[key] = hc
 	return hc, nil
 }
@@ -226,7 +293,14 @@ func (c *Client) do(ctx context.Context, h Host, ref Reference, r request) (*htt
 		return nil, err
 	}
 	target := r.path
-	if !strings.HasPrefix(target, "http://") && !strings.HasPrefix(target, "https://") {
+	own := true
+	if strings.HasPrefix(target, "http://") || strings.HasPrefix(target, "https://") {
+		u, err := url.Parse(target)
+		if err != nil {
+			return nil, fmt.Errorf("bad URL %q: %w", truncate(target), err)
+		}
+		own = sameOrigin(u, h)
+	} else {
 		target = h.URL() + r.path
 		if h.Mirror && ref.Host != h.Host {
 			// containerd tells mirrors which registry is meant.
@@ -246,14 +320,16 @@ func (c *Client) do(ctx context.Context, h Host, ref Reference, r request) (*htt
 			return nil, err
 		}
 		req.ContentLength = int64(len(r.body))
-		for k, v := range h.Header {
-			req.Header[k] = v
+		if own {
+			for k, v := range h.Header {
+				req.Header[k] = v
+			}
 		}
 		for k, v := range r.header {
 			req.Header[k] = v
 		}
 		req.Header.Set("User-Agent", c.opts.UserAgent)
-		if auth := c.authHeader(h, r.scope); auth != "" {
+		if auth := c.authHeader(h, r.scope); auth != "" && own {
 			req.Header.Set("Authorization", auth)
 		}
 		resp, err := hc.Do(req)
@@ -266,7 +342,10 @@ func (c *Client) do(ctx context.Context, h Host, ref Reference, r request) (*htt
 			switch {
 			case contains(r.ok, resp.StatusCode):
 				return resp, nil
-			case resp.StatusCode == http.StatusUnauthorized && !authTried:
+			// A challenge from another host (a Location or redirect
+			// target) is not answered: its realm would get h's
+			// credentials.
+			case resp.StatusCode == http.StatusUnauthorized && !authTried && sameOrigin(resp.Request.URL, h):
 				authTried = true
 				chs, perr := ParseChallenges(resp.Header.Values("WWW-Authenticate"))
 				drain(resp)
@@ -342,9 +421,28 @@ func (c *Client) authorize(ctx context.Context, hc *http.Client, h Host, scope s
 	for _, ch := range chs {
 		switch ch.Scheme {
 		case "bearer":
-			tok, err := fetchToken(ctx, hc, ch, scope, cred)
+			realm, err := realmURL(ch)
 			if err != nil {
-				return fmt.Errorf("%w: %v", ErrUnauthorized, err)
+				return fmt.Errorf("%w: %w", ErrUnauthorized, err)
+			}
+			// The realm gets the registry's credentials and answers with
+			// a token that is as good as them: never over plain http
+			// when the registry itself is https.
+			if h.Scheme == "https" && realm.Scheme != "https" {
+				return fmt.Errorf("%w: bearer realm %s of registry %s is plain http; refusing to send credentials to it",
+					ErrUnauthorized, realm, h.Scheme+"://"+h.Host)
+			}
+			// hosts.toml's ca, skip_verify and client certificate vouch
+			// for the registry, not for a realm it names elsewhere (and
+			// the registry's client would strip the credentials the
+			// token protocol sends the realm).
+			thc := hc
+			if !sameOrigin(realm, h) {
+				thc = &http.Client{Transport: &confined{origin: origin(realm.Scheme, realm.Host), own: c.elsewhere, elsewhere: c.elsewhere}}
+			}
+			tok, err := fetchToken(ctx, thc, realm, ch, scope, cred)
+			if err != nil {
+				return fmt.Errorf("%w: %w", ErrUnauthorized, err)
 			}
 			value = "Bearer " + tok
 		case "basic":
