@@ -17,6 +17,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"syscall"
@@ -46,6 +47,10 @@ const socketDir = "/run/containerd/s"
 // EnvSocketDir, set in containerd's environment, moves the shim sockets
 // elsewhere: tests give each private containerd its own directory.
 const EnvSocketDir = "KATA_FSX_SHIM_SOCKET_DIR"
+
+// signalTeardown bounds the teardown a SIGTERM or SIGINT starts: the VM
+// gets the agent's goodbye and QEMU's quit within it, then is killed.
+const signalTeardown = 8 * time.Second
 
 func shimSocketDir() string {
 	if d := os.Getenv(EnvSocketDir); d != "" {
@@ -347,11 +352,24 @@ func serveShim(f *shimFlags, defaultConfig string) error {
 	}
 	taskapi.RegisterTaskService(srv, svc)
 	registerTaskV3(srv, svc)
+	// SIGTERM or SIGINT (an operator, or systemd stopping the pod's
+	// scope, with or without containerd) tears the pod down as Shutdown
+	// would instead of leaving the VM and the mounts behind; SIGKILL
+	// cannot be caught, and QEMU and virtiofsd die with the shim through
+	// their parent-death signal, leaving the directory to `shim delete`.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT)
+	defer signal.Stop(sigs)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, ln) }()
 	log.G(ctx).WithField("pod", group).Infof("kata-fsx shim serving on %s", sock)
 	select {
 	case <-svc.Done():
+	case sig := <-sigs:
+		log.G(ctx).WithField("pod", group).Warnf("%v: tearing the pod down", sig)
+		tctx, tcancel := context.WithTimeout(context.Background(), signalTeardown)
+		svc.stopAll(tctx)
+		tcancel()
 	case err := <-served:
 		if err != nil && !errors.Is(err, ttrpc.ErrServerClosed) {
 			log.G(ctx).WithError(err).Error("ttrpc server stopped")
