@@ -48,6 +48,7 @@ func imageIndex(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	entries, _, _, _ := cfg.KataFSX.ImagefsBlk.Budgets()
 	opts := lazyimage.Options{Client: lazyimage.ClientFromConfig(cfg.KataFSX.Registry), MaxEntries: entries,
+		MaxIndexBytes: int64(cfg.KataFSX.Registry.MaxIndexMB) << 20,
 		Logf: func(format string, args ...any) {
 			if !*quiet {
 				fmt.Fprintf(stderr, "kata-fsx image index: "+format+"\n", args...)

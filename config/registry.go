@@ -28,6 +28,9 @@ type Registry struct {
 	ReadTimeout int `toml:"read_timeout"`
 	// MaxFetchMB caps one Range request of merged adjacent chunks.
 	MaxFetchMB int `toml:"max_fetch_mb"`
+	// MaxIndexMB caps an index artifact's blob, read whole into memory,
+	// whatever the size of the layer it indexes.
+	MaxIndexMB int `toml:"max_index_mb"`
 	// BackgroundFillMbps fetches the rest of a lazy image after the pod
 	// starts, at most this many megabits per second; 0 turns it off.
 	BackgroundFillMbps int `toml:"background_fill_mbps"`
@@ -55,12 +58,17 @@ const (
 	DefaultReadTimeout   = 30
 	DefaultMaxFetchMB    = 8
 	DefaultTraceSeconds  = 10
+	// DefaultMaxIndexMB holds the index of a layer of about 8 GiB of tar
+	// (its 32 KiB windows every 4 MiB take most of an index).
+	DefaultMaxIndexMB = 64
+	// maxIndexMBLimit is the lazy-read index encoding's own bound.
+	maxIndexMBLimit = 4096
 )
 
 // DefaultRegistry is the [kata_fsx.registry] table when the file has none.
 func DefaultRegistry() Registry {
 	return Registry{ConfigPath: DefaultRegistryConfigPath, CacheMemoryMB: DefaultCacheMemoryMB, ReadTimeout: DefaultReadTimeout,
-		MaxFetchMB: DefaultMaxFetchMB, Prefetch: true, TraceSeconds: DefaultTraceSeconds}
+		MaxFetchMB: DefaultMaxFetchMB, MaxIndexMB: DefaultMaxIndexMB, Prefetch: true, TraceSeconds: DefaultTraceSeconds}
 }
 
 // ReadDeadline is ReadTimeout as a duration.
@@ -83,6 +91,7 @@ func validateRegistry(r *Registry, add func(*Error)) {
 		{"cache_memory_mb", r.CacheMemoryMB, 1, 1 << 20, fmt.Sprintf("use %d (the default) or more for large images", DefaultCacheMemoryMB)},
 		{"read_timeout", r.ReadTimeout, 1, 3600, fmt.Sprintf("use %d seconds (the default)", DefaultReadTimeout)},
 		{"max_fetch_mb", r.MaxFetchMB, 1, 1024, fmt.Sprintf("use %d (the default)", DefaultMaxFetchMB)},
+		{"max_index_mb", r.MaxIndexMB, 1, maxIndexMBLimit, fmt.Sprintf("use %d (the default); raise it only for images with layers of more than 8 GiB of tar, whose indexes are refused and streamed instead", DefaultMaxIndexMB)},
 		{"background_fill_mbps", r.BackgroundFillMbps, 0, 1 << 20, "use 0 to turn the background fill off"},
 		{"trace_seconds", r.TraceSeconds, 1, 3600, fmt.Sprintf("use %d (the default)", DefaultTraceSeconds)},
 	} {

@@ -54,10 +54,10 @@ func TestRegistryLazyStoreKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := c.KataFSX.Registry; r != DefaultRegistry() || !r.Prefetch || r.ReadDeadline().Seconds() != DefaultReadTimeout {
+	if r := c.KataFSX.Registry; r != DefaultRegistry() || !r.Prefetch || r.ReadDeadline().Seconds() != DefaultReadTimeout || r.MaxIndexMB != 64 {
 		t.Fatalf("defaults %+v, want %+v", r, DefaultRegistry())
 	}
-	body := "[hypervisor.qemu]\n[kata_fsx.registry]\nauth_file = \"auth.json\"\nread_timeout = 0\ncache_memory_mb = -1\nmax_fetch_mb = 4096\nbackground_fill_mbps = -5\ntrace_seconds = 0\n"
+	body := "[hypervisor.qemu]\n[kata_fsx.registry]\nauth_file = \"auth.json\"\nread_timeout = 0\ncache_memory_mb = -1\nmax_fetch_mb = 4096\nmax_index_mb = 4097\nbackground_fill_mbps = -5\ntrace_seconds = 0\n"
 	c, err = LoadFile(writeFile(t, filepath.Join(t.TempDir(), "c.toml"), body, 0o644))
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +69,7 @@ func TestRegistryLazyStoreKeys(t *testing.T) {
 			bad[ce.Key] = true
 		}
 	}
-	for _, k := range []string{"auth_file", "read_timeout", "cache_memory_mb", "max_fetch_mb", "background_fill_mbps", "trace_seconds"} {
+	for _, k := range []string{"auth_file", "read_timeout", "cache_memory_mb", "max_fetch_mb", "max_index_mb", "background_fill_mbps", "trace_seconds"} {
 		if !bad["kata_fsx.registry."+k] {
 			t.Errorf("bad %s not refused by name (refused: %v)", k, bad)
 		}

@@ -243,10 +243,14 @@ func fromArtifacts(ctx context.Context, opts *Options, img *Image, ls []layer) i
 
 // fetchIndex reads one index blob of an artifact, bounded and checked.
 func fetchIndex(ctx context.Context, opts *Options, ref registry.Reference, d ocispec.Descriptor, l *layer) (*lazyindex.Index, []byte, error) {
-	if max := maxIndexSize(l.desc.Size); d.Size > max {
-		return nil, nil, fmt.Errorf("%d bytes, over the %d limit for a layer of %d bytes (an index larger than its layer saves nothing over streaming it)", d.Size, max, l.desc.Size)
+	limit := opts.maxIndex(l.desc.Size)
+	if d.Size > limit {
+		if limit < maxIndexSize(l.desc.Size) {
+			return nil, nil, fmt.Errorf("%d bytes, over the %d limit of an index blob ([kata_fsx.registry] max_index_mb)", d.Size, limit)
+		}
+		return nil, nil, fmt.Errorf("%d bytes, over the %d limit for a layer of %d bytes (an index larger than its layer saves nothing over streaming it)", d.Size, limit, l.desc.Size)
 	}
-	b, err := fetchBlob(ctx, opts, ref, d)
+	b, err := opts.Client.FetchBlob(ctx, ref, d, limit)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -357,7 +361,7 @@ func FetchTrace(ctx context.Context, opts Options, img *Image) ([]byte, error) {
 		}
 		var b []byte
 		if err == nil {
-			b, err = fetchBlob(ctx, &opts, img.Ref, m.Layers[0])
+			b, err = opts.Client.FetchBlob(ctx, img.Ref, m.Layers[0], MaxTraceSize)
 		}
 		if err != nil {
 			opts.logf("%s: prefetch trace artifact %s refused: %v", img.Ref, c.Digest, err)

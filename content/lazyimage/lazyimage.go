@@ -14,6 +14,7 @@ import (
 
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
+	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/content/lazyindex"
 	"github.com/kata-fsx/kata-fsx/content/registry"
 )
@@ -37,12 +38,29 @@ type Options struct {
 	// layer being streamed (they come as each Range GET's bytes are
 	// consumed); zero means two seconds.
 	ProgressInterval time.Duration
+	// MaxIndexBytes bounds an index artifact's blob whatever the size of
+	// the layer it indexes ([kata_fsx.registry] max_index_mb); zero means
+	// DefaultMaxIndexBytes.
+	MaxIndexBytes int64
 }
+
+// DefaultMaxIndexBytes is the default Options.MaxIndexBytes.
+const DefaultMaxIndexBytes = config.DefaultMaxIndexMB << 20
 
 func (o *Options) logf(format string, args ...any) {
 	if o.Logf != nil {
 		o.Logf(format, args...)
 	}
+}
+
+// maxIndex is the most bytes an index blob of a layer of layerSize bytes
+// may have: the layer-derived bound, within the absolute one.
+func (o *Options) maxIndex(layerSize int64) int64 {
+	abs := o.MaxIndexBytes
+	if abs <= 0 {
+		abs = DefaultMaxIndexBytes
+	}
+	return min(abs, maxIndexSize(layerSize))
 }
 
 func (o *Options) maxEntries() int {
@@ -288,20 +306,7 @@ func fetchConfig(ctx context.Context, opts *Options, ref registry.Reference, d o
 	if d.Size <= 0 || d.Size > maxConfigSize {
 		return nil, fmt.Errorf("image %s: config %s of %d bytes, want 1 to %d", ref, d.Digest, d.Size, maxConfigSize)
 	}
-	return fetchBlob(ctx, opts, ref, d)
-}
-
-// fetchBlob reads a small blob whose size the caller has bounded, checked
-// against its digest.
-func fetchBlob(ctx context.Context, opts *Options, ref registry.Reference, d ocispec.Descriptor) ([]byte, error) {
-	b := make([]byte, d.Size)
-	if err := opts.Client.FetchRange(ctx, ref, d.Digest, b, 0); err != nil {
-		return nil, err
-	}
-	if got := digest.SHA256.FromBytes(b); got != d.Digest {
-		return nil, fmt.Errorf("blob %s: content has digest %s", d.Digest, got)
-	}
-	return b, nil
+	return opts.Client.FetchBlob(ctx, ref, d, maxConfigSize)
 }
 
 // summarize gives IndexSource from the layers' sources.

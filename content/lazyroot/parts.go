@@ -13,7 +13,7 @@ import (
 // them resolved.
 func ImageOptions(o Options) lazyimage.Options {
 	return lazyimage.Options{Client: lazyimage.ClientFromConfig(o.Registry), MaxEntries: o.MaxEntries,
-		CacheDir: filepath.Join(o.StateDir, "indexes"), Logf: o.Logf}
+		CacheDir: filepath.Join(o.StateDir, "indexes"), Logf: o.Logf, MaxIndexBytes: int64(o.Registry.MaxIndexMB) << 20}
 }
 
 // StoreDir is the node's content store directory under o.StateDir.

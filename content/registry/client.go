@@ -87,6 +87,9 @@ var (
 	ErrNoHost = errors.New("no host has the capability")
 	// ErrUnauthorized is a 401 or 403 that credentials did not cure.
 	ErrUnauthorized = errors.New("unauthorized")
+	// ErrTooLarge is a blob or an answer over the size its descriptor
+	// states or the caller allows.
+	ErrTooLarge = errors.New("over the size limit")
 )
 
 // StatusError is an HTTP answer the operation did not expect.

@@ -66,15 +66,9 @@ func (c *Client) getManifest(ctx context.Context, h Host, ref Reference, object 
 		return nil, "", err
 	}
 	defer resp.Body.Close()
-	if resp.ContentLength > maxManifest {
-		return nil, "", fmt.Errorf("manifest of %d bytes is over the %d limit", resp.ContentLength, maxManifest)
-	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxManifest+1))
+	data, err := readSmall(resp, maxManifest)
 	if err != nil {
 		return nil, "", fmt.Errorf("read manifest: %w", err)
-	}
-	if len(data) > maxManifest {
-		return nil, "", fmt.Errorf("manifest over the %d byte limit", maxManifest)
 	}
 	if d, err := digest.Parse(object); err == nil {
 		if err := d.Validate(); err == nil && d.Algorithm().Available() && d.Algorithm().FromBytes(data) != d {
@@ -92,6 +86,23 @@ func (c *Client) getManifest(ctx context.Context, h Host, ref Reference, object 
 		mt = probe.MediaType
 	}
 	return data, mt, nil
+}
+
+// readSmall reads a JSON answer (a manifest, a referrers list) of at most
+// limit bytes: a Content-Length over it is refused before the body is
+// read, and the buffer grows only as bytes arrive.
+func readSmall(resp *http.Response, limit int64) ([]byte, error) {
+	if resp.ContentLength > limit {
+		return nil, fmt.Errorf("%w: Content-Length %d, the limit is %d", ErrTooLarge, resp.ContentLength, limit)
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%w: more than %d bytes", ErrTooLarge, limit)
+	}
+	return data, nil
 }
 
 // FetchManifest fetches the manifest or index with digest d from ref's
@@ -254,30 +265,35 @@ func (c *Client) readRange(ctx context.Context, ref Reference, d digest.Digest, 
 		return nil
 	}
 	err := c.onHosts(ctx, ref, CapPull, fmt.Sprintf("read blob %s bytes %d-%d", d, off, end), func(h Host) error {
-		// A body cut short (the registry died or the connection broke
-		// mid-transfer) is a connection error: retried like one.
-		wait := c.opts.Backoff
-		for attempt := 1; ; attempt++ {
-			err := once(h)
-			if !errors.Is(err, errBodyCut) || attempt >= c.opts.Attempts || ctx.Err() != nil {
-				return err
-			}
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return fmt.Errorf("%w (after %v)", ctx.Err(), err)
-			case <-t.C:
-			}
-			wait *= 2
-		}
+		return c.retryCut(ctx, func() error { return once(h) })
 	})
 	return n, err
 }
 
-// errBodyCut is a range body that ended early: do retried the request,
-// readRange retries the transfer.
+// errBodyCut is a body that ended early: do retried the request, and
+// retryCut retries the transfer.
 var errBodyCut = errors.New("body cut short")
+
+// retryCut runs once again, up to Attempts times with backoff, while it
+// fails with errBodyCut: a body cut short (the registry died or the
+// connection broke mid-transfer) is a connection error, retried like one.
+func (c *Client) retryCut(ctx context.Context, once func() error) error {
+	wait := c.opts.Backoff
+	for attempt := 1; ; attempt++ {
+		err := once()
+		if !errors.Is(err, errBodyCut) || attempt >= c.opts.Attempts || ctx.Err() != nil {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (after %v)", ctx.Err(), err)
+		case <-t.C:
+		}
+		wait *= 2
+	}
+}
 
 // parseContentRange parses "bytes START-END/TOTAL" (TOTAL may be *).
 func parseContentRange(v string) (int64, int64, error) {
@@ -447,14 +463,14 @@ func (c *Client) Referrers(ctx context.Context, ref Reference, subject digest.Di
 			return err
 		}
 		defer resp.Body.Close()
-		data, err := io.ReadAll(io.LimitReader(resp.Body, maxManifest+1))
+		data, err := readSmall(resp, maxManifest)
 		if err != nil {
-			return err
+			return fmt.Errorf("read referrers list: %w", err)
 		}
-		if len(data) > maxManifest {
-			return fmt.Errorf("referrers list over the %d byte limit", maxManifest)
+		if err := json.Unmarshal(data, &idx); err != nil {
+			return fmt.Errorf("parse referrers list: %w", err)
 		}
-		return json.Unmarshal(data, &idx)
+		return nil
 	})
 	if err != nil {
 		return nil, err
