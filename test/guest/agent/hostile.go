@@ -28,7 +28,7 @@ import (
 // CreateSandbox to DestroySandbox a racer keeps swapping the named ids
 // in, for the window between the shim's mkdir and its mount. Every
 // attempt and its outcome is kept in a log written into each container
-// rootfs it can write (/.hostile in the container), so the test can read
+// rootfs (/.hostile in the container), so the test can read
 // it; the host dir itself is a canary the test watches.
 const hostileParam = "kata_fsx.hostile="
 
@@ -253,13 +253,18 @@ func (h *hostile) writeLog() {
 	h.mu.Lock()
 	text := strings.Join(h.lines, "\n") + "\n"
 	h.mu.Unlock()
-	for _, root := range shareRoots() {
-		ents, _ := os.ReadDir(root)
-		for _, e := range ents {
-			if rootfs := filepath.Join(root, e.Name(), "rootfs"); e.IsDir() {
-				os.WriteFile(filepath.Join(rootfs, hostileLogName), []byte(text), 0o644)
-			}
+	// A share's container rootfs is <cid>/rootfs; a block rootfs (not on
+	// the share) is mounted at <cid> itself.
+	ents, _ := os.ReadDir(sharedContainersDir)
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
 		}
+		dir := filepath.Join(sharedContainersDir, e.Name())
+		if fi, err := os.Stat(filepath.Join(dir, "rootfs")); err == nil && fi.IsDir() {
+			dir = filepath.Join(dir, "rootfs")
+		}
+		os.WriteFile(filepath.Join(dir, hostileLogName), []byte(text), 0o644)
 	}
 	log.Printf("hostile: %d attempts so far", strings.Count(text, "\n"))
 }
