@@ -34,6 +34,11 @@ func FuzzDecode(f *testing.F) {
 			f.Fatal(err)
 		}
 		f.Add(b)
+		if ix.Format == FormatGzip {
+			// A span over MaxSpan, the one field an artifact's writer
+			// could set to make reads costly, with everything else valid.
+			f.Add(withSpan(f, b, 64<<20))
+		}
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ix, err := Decode(bytes.NewReader(b))

@@ -91,7 +91,13 @@ type Index struct {
 const (
 	DefaultSpan = 4 << 20
 	MinSpan     = 64 << 10
-	MaxSpan     = 1 << 30
+	// MaxSpan bounds the span Build uses and Decode accepts. A read
+	// inflates from the checkpoint before it, so the span is the CPU one
+	// guest read may cost whenever the span is not kept inflated in
+	// memory; an index artifact is written by whoever can push to the
+	// image's repository, and must not set that cost. The content
+	// store's default memory tier keeps spans of this size.
+	MaxSpan = 16 << 20
 	// DefaultCheckpointBudget bounds the checkpoints' memory: 32 KiB
 	// windows every 4 MiB fill it at a 32 GiB layer.
 	DefaultCheckpointBudget = 256 << 20

@@ -6,9 +6,11 @@ import (
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"math/rand/v2"
 	"os/exec"
@@ -326,5 +328,64 @@ func TestChunkDigests(t *testing.T) {
 	}
 	if _, err := Build(context.Background(), bytes.NewReader(raw), Options{ChunkSize: 3 << 20}); err == nil || !strings.Contains(err.Error(), "chunk size") {
 		t.Fatalf("chunk size 3 MiB: %v, want a chunk size error", err)
+	}
+}
+
+// withSpan returns the encoded index enc with its span field set to span
+// and the header's length and checksum made to match: what an index
+// artifact written by someone else may carry.
+func withSpan(t testing.TB, enc []byte, span uint64) []byte {
+	t.Helper()
+	p := enc[encHeaderSize:]
+	at := 1       // format
+	for range 2 { // digest, diffID
+		n, k := binary.Uvarint(p[at:])
+		at += k + int(n)
+	}
+	for range 2 { // compressed size, size
+		_, k := binary.Uvarint(p[at:])
+		at += k
+	}
+	_, k := binary.Uvarint(p[at:])
+	np := append(binary.AppendUvarint(bytes.Clone(p[:at]), span), p[at+k:]...)
+	h := bytes.Clone(enc[:encHeaderSize])
+	binary.LittleEndian.PutUint64(h[16:], uint64(len(np)))
+	binary.LittleEndian.PutUint32(h[24:], crc32.Checksum(np, castagnoli))
+	return append(h, np...)
+}
+
+// TestDecodeRefusesLargeSpan: an index whose span is over MaxSpan is
+// refused by Decode (and so as an artifact or a node cache entry), naming
+// the span and the bound, even when its checkpoints are closer; one at
+// the default span and at MaxSpan itself decodes.
+func TestDecodeRefusesLargeSpan(t *testing.T) {
+	rng := rand.New(rand.NewPCG(17, 18))
+	raw, _ := smallLayer(t, rng)
+	ix, err := Build(context.Background(), bytes.NewReader(gzipGo(t, raw, 6)), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc, err := ix.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, span := range []uint64{DefaultSpan, MaxSpan} {
+		if got, err := Decode(bytes.NewReader(withSpan(t, enc, span))); err != nil || got.Span != int64(span) {
+			t.Fatalf("span %d: %v", span, err)
+		}
+	}
+	for _, span := range []uint64{MaxSpan + 1, 64 << 20, 1 << 30} {
+		_, err := Decode(bytes.NewReader(withSpan(t, enc, span)))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), fmt.Sprintf("checkpoint span %d, at most %d", span, 16<<20)) {
+			t.Errorf("span %d: %v, want ErrInvalid naming the span and the 16 MiB bound", span, err)
+		}
+	}
+	big := *ix
+	big.Span = 64 << 20
+	if _, err := big.MarshalBinary(); err == nil {
+		t.Error("an index of span 64 MiB encoded")
+	}
+	if _, err := Build(context.Background(), bytes.NewReader(gzipGo(t, raw, 6)), Options{Span: 64 << 20}); err == nil {
+		t.Error("Build with span 64 MiB succeeded")
 	}
 }
