@@ -202,6 +202,33 @@ func BenchmarkInflateOnly(b *testing.B) {
 	}
 }
 
+// BenchmarkReadAt measures range reads as the content store makes them:
+// each inflates a whole span from its checkpoint under a context that
+// can be cancelled, in uncompressed MB/s.
+func BenchmarkReadAt(b *testing.B) {
+	_, comp := benchLayer(b)
+	ix, err := Build(context.Background(), bytes.NewReader(comp), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p := make([]byte, 4096)
+	b.SetBytes(ix.Size)
+	b.ResetTimer()
+	for range b.N {
+		for i := range ix.Checkpoints {
+			end := ix.Size
+			if i+1 < len(ix.Checkpoints) {
+				end = ix.Checkpoints[i+1].Out
+			}
+			if _, err := ix.ReadAt(ctx, bytes.NewReader(comp), p, end-int64(len(p))); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
 // BenchmarkGzipReader is the baseline: compress/gzip decompressing the
 // same layer.
 func BenchmarkGzipReader(b *testing.B) {

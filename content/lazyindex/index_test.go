@@ -174,7 +174,7 @@ func readRange(t *testing.T, ix *Index, raw, comp []byte, off, n int64) {
 	fetched := make([]byte, len(comp))
 	copy(fetched[start:end], comp[start:end])
 	p := make([]byte, n)
-	got, err := ix.ReadAt(io.NewSectionReader(bytes.NewReader(fetched[:end]), 0, end), p, off)
+	got, err := ix.ReadAt(context.Background(), io.NewSectionReader(bytes.NewReader(fetched[:end]), 0, end), p, off)
 	if err != nil || int64(got) != n {
 		t.Fatalf("ReadAt(%d, %d): %d, %v", off, n, got, err)
 	}
@@ -387,5 +387,68 @@ func TestDecodeRefusesLargeSpan(t *testing.T) {
 	}
 	if _, err := Build(context.Background(), bytes.NewReader(gzipGo(t, raw, 6)), Options{Span: 64 << 20}); err == nil {
 		t.Error("Build with span 64 MiB succeeded")
+	}
+}
+
+// cancelAfter counts what is written to it and cancels a context once n
+// bytes have arrived.
+type cancelAfter struct {
+	n, total int64
+	cancel   context.CancelFunc
+}
+
+func (w *cancelAfter) Write(p []byte) (int, error) {
+	w.total += int64(len(p))
+	if w.total >= w.n {
+		w.cancel()
+	}
+	return len(p), nil
+}
+
+// TestReaderStopsWhenContextDone: a range read whose context ends while it
+// inflates a large span, with all the compressed bytes at hand, stops
+// within a few hundred KiB of output with the context's error instead of
+// inflating the rest of the span; ReadAt with a context already done
+// inflates nothing.
+func TestReaderStopsWhenContextDone(t *testing.T) {
+	// 15 MiB of zeros deflate to a few KiB: the whole span is one chunk.
+	raw := buildTar(t, []member{{"zeros", make([]byte, 15<<20)}})
+	comp := gzipGo(t, raw, 9)
+	ix, err := Build(context.Background(), bytes.NewReader(comp), Options{Span: MaxSpan})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ix.Checkpoints) != 1 {
+		t.Fatalf("%d checkpoints, want one span", len(ix.Checkpoints))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cp := &ix.Checkpoints[0]
+	r, err := ix.NewReader(ctx, cp, bytes.NewReader(comp[cp.CompressedStart():]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &cancelAfter{n: 1 << 20, cancel: cancel}
+	_, err = io.Copy(w, r)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("read cancelled after 1 MiB: %v after %d bytes, want context.Canceled", err, w.total)
+	}
+	t.Logf("cancelled at %d bytes of output, stopped at %d", w.n, w.total)
+	if w.total > 2<<20 {
+		t.Fatalf("%d bytes inflated after cancelling at 1 MiB of a %d-byte span", w.total, ix.Size)
+	}
+	// The reader stays stopped.
+	if n, err := r.Read(make([]byte, 10)); n != 0 || !errors.Is(err, context.Canceled) {
+		t.Fatalf("read after the stop: %d, %v", n, err)
+	}
+
+	done, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	p := make([]byte, 4096)
+	if n, err := ix.ReadAt(done, bytes.NewReader(comp), p, ix.Size-8192); n != 0 || !errors.Is(err, context.Canceled) {
+		t.Fatalf("ReadAt with a done context: %d, %v", n, err)
+	}
+	if _, err := ix.ReadAt(context.Background(), bytes.NewReader(comp), p, ix.Size-8192); err != nil || !bytes.Equal(p, raw[ix.Size-8192:ix.Size-4096]) {
+		t.Fatalf("ReadAt: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"errors"
@@ -258,6 +259,52 @@ func TestReadTimeout(t *testing.T) {
 	checkRead(t, r, l.tar, 500*kib, 1000)
 	if n := fk.requests.Load(); n != req {
 		t.Fatalf("%d requests after the registry answered, want %d (the late fetch serves later reads)", n, req)
+	}
+}
+
+// TestInflateStopsAtDeadline: a read whose deadline has passed, of a
+// large span whose compressed bytes are all held (so no wait for a chunk
+// notices the deadline), fails with ErrReadTimeout instead of inflating
+// the span, through the span cache and around it (a memory tier too small
+// for the span); the next read with time to spare is served.
+func TestInflateStopsAtDeadline(t *testing.T) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	zeros := make([]byte, 15*mib)
+	if err := tw.WriteHeader(&tar.Header{Name: "zeros", Mode: 0o644, Size: int64(len(zeros)), Typeflag: tar.TypeReg}); err != nil {
+		t.Fatal(err)
+	}
+	tw.Write(zeros)
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l := indexLayer(t, buf.Bytes(), nil, 9, 64*kib, 16*mib)
+	if len(l.ix.Checkpoints) != 1 {
+		t.Fatalf("%d checkpoints, want one span", len(l.ix.Checkpoints))
+	}
+	for _, c := range []struct {
+		name   string
+		memory int64
+	}{{"span cache", 128 * mib}, {"too large to cache", 4 * mib}} {
+		t.Run(c.name, func(t *testing.T) {
+			s := openStore(t, Options{MemoryBytes: c.memory})
+			r := layerReader(t, s, l, newFake(l.blob))
+			ly := s.layers[l.ix.DiffID]
+			if err := s.ensure(context.Background(), ly, 0, l.ix.NumChunks(), true); err != nil {
+				t.Fatal(err)
+			}
+			off := int64(len(l.tar)) - 8*kib
+			timeout := s.readTimeout
+			s.readTimeout = -1 // every read's deadline has passed when it starts
+			if n, err := r.ReadAt(make([]byte, 4*kib), off); n != 0 || !errors.Is(err, ErrReadTimeout) {
+				t.Fatalf("read of a held span past its deadline: %d bytes, %v; want ErrReadTimeout", n, err)
+			}
+			s.readTimeout = timeout
+			checkRead(t, r, l.tar, off, 4*kib)
+			if st := s.Stats(); st.FetchedChunks != l.ix.NumChunks() || st.ReadErrors != 1 {
+				t.Fatalf("stats %+v: want the %d chunks fetched once and one read error", st, l.ix.NumChunks())
+			}
+		})
 	}
 }
 
