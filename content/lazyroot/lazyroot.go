@@ -148,14 +148,30 @@ func (r *Root) startPrefetch(ctx context.Context) {
 		r.opts.Logf("prefetch trace of %s not replayed (prefetch is off)", r.Image.Ref)
 		return
 	}
-	r.opts.Logf("prefetch: replaying %d chunks of %s", len(t.Entries), r.Image.Ref)
+	limit := r.traceBudget()
+	r.opts.Logf("prefetch: replaying %d chunks of %s (at most %.1f MiB)", len(t.Entries), r.Image.Ref, float64(limit)/(1<<20))
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		if err := r.store.Prefetch(r.life, t); err != nil && r.life.Err() == nil {
+		err := r.store.Prefetch(r.life, t, limit)
+		switch {
+		case err != nil && r.life.Err() == nil:
 			r.opts.Logf("prefetch of %s: %v", r.Image.Ref, err)
+		case err == nil:
+			r.opts.Logf("prefetch of %s done", r.Image.Ref)
 		}
 	}()
+}
+
+// traceBudget is the most a replayed trace may make this node fetch:
+// max_trace_mb, and never more than the image's layers hold, since the
+// trace is the registry's word, not the node's.
+func (r *Root) traceBudget() int64 {
+	mb := r.opts.Registry.MaxTraceMB
+	if mb <= 0 {
+		mb = config.DefaultMaxTraceMB
+	}
+	return min(int64(mb)<<20, r.CompressedSize())
 }
 
 // fetchTrace returns the image's prefetch trace, or why there is none

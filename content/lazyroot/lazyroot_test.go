@@ -110,9 +110,21 @@ func fetchTrace(ctx context.Context, r *Root) ([]byte, error) {
 	return lazyimage.FetchTrace(ctx, r.img, r.Image)
 }
 
+// waitLog waits, at most a minute, for a log line containing s.
+func waitLog(t *testing.T, l *logBuffer, s string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(l.String(), s) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !strings.Contains(l.String(), s) {
+		t.Fatalf("no log line with %q:\n%s", s, l.String())
+	}
+}
+
 // TestOpenReadTracePrefetch: with push_trace a node records its pod's
 // reads and pushes them; a node with the default configuration replays
-// that trace.
+// that trace, and one with a smaller max_trace_mb replays only its bound.
 func TestOpenReadTracePrefetch(t *testing.T) {
 	reg := registrytest.Start(t, registrytest.Options{})
 	spec, files := testImage(t, reg)
@@ -176,6 +188,23 @@ func TestOpenReadTracePrefetch(t *testing.T) {
 	}
 	if got := readFile(t, r2, "d/hello"); !bytes.Equal(got, files["d/hello"]) {
 		t.Fatal("d/hello differs")
+	}
+
+	// Node 3 replays at most max_trace_mb of it, saying so.
+	var logs3 logBuffer
+	o3 := testOptions(t, reg, t.TempDir(), &logs3)
+	o3.Registry.MaxTraceMB = 1
+	r3, err := Open(ctx, spec, o3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r3.Close()
+	waitLog(t, &logs3, fmt.Sprintf("prefetch of %s done", r3.Image.Ref))
+	if got := r3.Stats().FetchedBytes; got <= 0 || got > 1<<20 {
+		t.Fatalf("a replay bounded to 1 MiB fetched %d bytes of the %d node 1 read:\n%s", got, fetched, logs3.String())
+	}
+	if n := strings.Count(logs3.String(), "trimmed"); n != 1 {
+		t.Fatalf("%d log lines about trimming the trace, want 1:\n%s", n, logs3.String())
 	}
 }
 

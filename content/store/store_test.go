@@ -710,7 +710,7 @@ func TestTracePrefetch(t *testing.T) {
 	fa, fb := newFake(a.blob), newFake(b.blob)
 	ra2 := layerReader(t, s2, a, fa)
 	rb2 := layerReader(t, s2, b, fb)
-	if err := s2.Prefetch(context.Background(), tr2); err != nil {
+	if err := s2.Prefetch(context.Background(), tr2, 0); err != nil {
 		t.Fatal(err)
 	}
 	if st := s2.Stats(); st.FetchedChunks != int64(len(tr.Entries)) {
@@ -724,6 +724,56 @@ func TestTracePrefetch(t *testing.T) {
 	checkRead(t, ra2, a.tar, 3*64*kib+5, 100)
 	checkRead(t, ra2, a.tar, 0, 10)
 	checkRead(t, rb2, b.tar, f.off, len(f.data))
+}
+
+// TestPrefetchBound: a replayed trace fetches each chunk once however
+// often it names it, so never more than the layers hold even through a
+// memory tier that cannot keep them, and no more than its byte bound,
+// trimmed with one log line.
+func TestPrefetchBound(t *testing.T) {
+	rng := rand.New(rand.NewPCG(14, 14))
+	a := makeLayer(t, rng, -1, 6, 200*kib, 64*kib, 0)
+	n := a.ix.NumChunks()
+	if n < 5 {
+		t.Fatalf("layer of %d chunks, want several", n)
+	}
+	var tr Trace
+	for range 3 {
+		for i := range n {
+			tr.Entries = append(tr.Entries, TraceEntry{a.ix.Digest, i})
+		}
+	}
+
+	// Memory only, room for two chunks: what the trace names again has
+	// been evicted by then.
+	s := openStore(t, Options{MemoryBytes: 128 * kib})
+	layerReader(t, s, a, newFake(a.blob))
+	if err := s.Prefetch(context.Background(), tr, 0); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.FetchedChunks != n || st.FetchedBytes != int64(len(a.blob)) {
+		t.Fatalf("a trace naming each of %d chunks three times fetched %d chunks, %d bytes of a %d-byte layer", n, st.FetchedChunks, st.FetchedBytes, len(a.blob))
+	}
+
+	// A bound of three chunks and a half: the first three, and one line.
+	var log logBuf
+	s2 := openStore(t, Options{Dir: t.TempDir(), Logf: log.logf})
+	fk := newFake(a.blob)
+	r2 := layerReader(t, s2, a, fk)
+	if err := s2.Prefetch(context.Background(), tr, 3*64*kib+32*kib); err != nil {
+		t.Fatal(err)
+	}
+	if st := s2.Stats(); st.FetchedChunks != 3 || st.FetchedBytes != 3*64*kib {
+		t.Fatalf("a replay bounded to 3.5 chunks fetched %d chunks, %d bytes", st.FetchedChunks, st.FetchedBytes)
+	}
+	if got := log.matching("trimmed"); len(got) != 1 || !strings.Contains(got[0], "first 3 chunks") {
+		t.Fatalf("log %q: want one line saying the trace was trimmed to 3 chunks", log.lines)
+	}
+	fk.fail.Store(-1)
+	checkRead(t, r2, a.tar, 0, 3*64*kib)
+	if _, err := r2.ReadAt(make([]byte, 10), 3*64*kib); !errors.Is(err, errFakeDown) {
+		t.Fatalf("chunk 3, past the bound, with the registry down: %v; want it not prefetched", err)
+	}
 }
 
 // TestOpenerFallback: sources the store does not hold go to the fallback.
