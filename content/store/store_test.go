@@ -504,6 +504,11 @@ func TestDiskFull(t *testing.T) {
 	if err := s.Fill(context.Background(), 0); err != nil {
 		t.Fatal(err)
 	}
+	// Fill returns once its last chunks are handed over, and their run
+	// is written to disk just after: wait for it, bounded.
+	for deadline := time.Now().Add(10 * time.Second); heldChunks() != int(l.ix.NumChunks()) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if n := heldChunks(); n != int(l.ix.NumChunks()) {
 		t.Fatalf("after space was freed, %d of %d chunks on disk", n, l.ix.NumChunks())
 	}
