@@ -76,5 +76,7 @@
 // rate (a token bucket). StartTrace and StopTrace record the chunks a pod
 // reads in its first seconds, in order; the Trace's binary form is meant
 // to be stored as an artifact referring to the image, and Prefetch
-// replays it at the next start of the image on any node.
+// replays it at the next start of the image on any node. A replayed trace
+// is whatever its pusher wrote, so Prefetch fetches each chunk once and
+// stops at a byte budget the caller sets.
 package store
