@@ -34,12 +34,22 @@ type Registry struct {
 	// BackgroundFillMbps fetches the rest of a lazy image after the pod
 	// starts, at most this many megabits per second; 0 turns it off.
 	BackgroundFillMbps int `toml:"background_fill_mbps"`
-	// Prefetch replays the image's prefetch trace at pod start and
-	// records one when the image has none.
+	// Prefetch replays the image's newest prefetch trace artifact, if it
+	// has one, at pod start.
 	Prefetch bool `toml:"prefetch"`
+	// PushTrace records the chunks a pod reads in its first TraceSeconds
+	// and pushes them as the image's prefetch trace when it has none. Off
+	// by default: the trace tells everyone who can pull the image what
+	// the pod read, it is pushed with the node's credentials, and a
+	// hostile guest's reads would become every later node's prefetch.
+	PushTrace bool `toml:"push_trace"`
 	// TraceSeconds is how long after the container starts its reads are
 	// recorded into a prefetch trace.
 	TraceSeconds int `toml:"trace_seconds"`
+	// MaxTraceMB bounds the bytes one replayed trace may make the node
+	// fetch (never more than the image's layers hold); a longer trace is
+	// trimmed.
+	MaxTraceMB int `toml:"max_trace_mb"`
 	// LazyImageAnnotation lets a pod's AnnotationLazyImage name a registry
 	// image for its first container's rootfs (off: a pod author must not
 	// make the node reach any registry unless the operator agrees).
@@ -58,6 +68,7 @@ const (
 	DefaultReadTimeout   = 30
 	DefaultMaxFetchMB    = 8
 	DefaultTraceSeconds  = 10
+	DefaultMaxTraceMB    = 512
 	// DefaultMaxIndexMB holds the index of a layer of about 8 GiB of tar
 	// (its 32 KiB windows every 4 MiB take most of an index).
 	DefaultMaxIndexMB = 64
@@ -68,7 +79,7 @@ const (
 // DefaultRegistry is the [kata_fsx.registry] table when the file has none.
 func DefaultRegistry() Registry {
 	return Registry{ConfigPath: DefaultRegistryConfigPath, CacheMemoryMB: DefaultCacheMemoryMB, ReadTimeout: DefaultReadTimeout,
-		MaxFetchMB: DefaultMaxFetchMB, MaxIndexMB: DefaultMaxIndexMB, Prefetch: true, TraceSeconds: DefaultTraceSeconds}
+		MaxFetchMB: DefaultMaxFetchMB, MaxIndexMB: DefaultMaxIndexMB, Prefetch: true, TraceSeconds: DefaultTraceSeconds, MaxTraceMB: DefaultMaxTraceMB}
 }
 
 // ReadDeadline is ReadTimeout as a duration.
@@ -94,6 +105,7 @@ func validateRegistry(r *Registry, add func(*Error)) {
 		{"max_index_mb", r.MaxIndexMB, 1, maxIndexMBLimit, fmt.Sprintf("use %d (the default); raise it only for images with layers of more than 8 GiB of tar, whose indexes are refused and streamed instead", DefaultMaxIndexMB)},
 		{"background_fill_mbps", r.BackgroundFillMbps, 0, 1 << 20, "use 0 to turn the background fill off"},
 		{"trace_seconds", r.TraceSeconds, 1, 3600, fmt.Sprintf("use %d (the default)", DefaultTraceSeconds)},
+		{"max_trace_mb", r.MaxTraceMB, 1, 1 << 20, fmt.Sprintf("use %d (the default), or prefetch = false to replay no trace", DefaultMaxTraceMB)},
 	} {
 		if k.v < k.lo || k.v > k.hi {
 			add(&Error{Key: "kata_fsx.registry." + k.key, Value: fmt.Sprint(k.v), Problem: fmt.Sprintf("outside [%d, %d]", k.lo, k.hi), Fix: k.fix})

@@ -154,7 +154,7 @@ func checkContent(t *testing.T, ctx context.Context, img *Image, want *lazyimage
 		// first for the large ones.
 		off, n := e.Size/2, min(e.Size-e.Size/2, 64<<10)
 		got := make([]byte, n)
-		if _, err := img.Layers[layer].ReadAt(fetcherAt{ctx, img.LayerFetcher(layer)}, got, e.Data.Offset+off); err != nil {
+		if _, err := img.Layers[layer].ReadAt(ctx, fetcherAt{ctx, img.LayerFetcher(layer)}, got, e.Data.Offset+off); err != nil {
 			t.Fatalf("%s: read through the index: %v", c.path, err)
 		}
 		tar := want.Tars[layer]

@@ -231,7 +231,7 @@ func (d *decoder) index() *Index {
 	ix.DiffID = string(d.bytes("diffID", maxDigestLen))
 	ix.CompressedSize = int64(d.uvarint("compressed size", 1<<62))
 	ix.Size = int64(d.uvarint("size", 1<<62))
-	ix.Span = int64(d.uvarint("span", MaxSpan))
+	ix.Span = int64(d.uvarint("checkpoint span", MaxSpan))
 	n := d.uvarint("checkpoint count", uint64(len(d.p)/minCheckpoint))
 	if d.err != nil {
 		return nil

@@ -34,6 +34,11 @@ func FuzzDecode(f *testing.F) {
 			f.Fatal(err)
 		}
 		f.Add(b)
+		if ix.Format == FormatGzip {
+			// A span over MaxSpan, the one field an artifact's writer
+			// could set to make reads costly, with everything else valid.
+			f.Add(withSpan(f, b, 64<<20))
+		}
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ix, err := Decode(bytes.NewReader(b))
@@ -193,6 +198,33 @@ func BenchmarkInflateOnly(b *testing.B) {
 		}
 		if _, err := io.Copy(io.Discard, s); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReadAt measures range reads as the content store makes them:
+// each inflates a whole span from its checkpoint under a context that
+// can be cancelled, in uncompressed MB/s.
+func BenchmarkReadAt(b *testing.B) {
+	_, comp := benchLayer(b)
+	ix, err := Build(context.Background(), bytes.NewReader(comp), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p := make([]byte, 4096)
+	b.SetBytes(ix.Size)
+	b.ResetTimer()
+	for range b.N {
+		for i := range ix.Checkpoints {
+			end := ix.Size
+			if i+1 < len(ix.Checkpoints) {
+				end = ix.Checkpoints[i+1].Out
+			}
+			if _, err := ix.ReadAt(ctx, bytes.NewReader(comp), p, end-int64(len(p))); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 }

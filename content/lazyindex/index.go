@@ -91,7 +91,13 @@ type Index struct {
 const (
 	DefaultSpan = 4 << 20
 	MinSpan     = 64 << 10
-	MaxSpan     = 1 << 30
+	// MaxSpan bounds the span Build uses and Decode accepts. A read
+	// inflates from the checkpoint before it, so the span is the CPU one
+	// guest read may cost whenever the span is not kept inflated in
+	// memory; an index artifact is written by whoever can push to the
+	// image's repository, and must not set that cost. The content
+	// store's default memory tier keeps spans of this size.
+	MaxSpan = 16 << 20
 	// DefaultCheckpointBudget bounds the checkpoints' memory: 32 KiB
 	// windows every 4 MiB fill it at a 32 GiB layer.
 	DefaultCheckpointBudget = 256 << 20
@@ -339,17 +345,25 @@ func (ix *Index) CompressedRange(off, n int64) (start, end int64, err error) {
 // r, which yields the compressed layer's bytes from cp.CompressedStart()
 // on (for example a Range response). The gzip trailers it passes are not
 // checked: the member's start was not decoded; the index's digests are
-// what vouch for the bytes.
-func (ix *Index) NewReader(cp *Checkpoint, r io.Reader) (io.Reader, error) {
+// what vouch for the bytes. Once ctx is done, reading fails with its
+// error within about ctxCheckBytes more output, since the compressed
+// bytes may already be at hand and inflating them alone can take long.
+func (ix *Index) NewReader(ctx context.Context, cp *Checkpoint, r io.Reader) (io.Reader, error) {
 	if ix.Format != FormatGzip {
 		return nil, fmt.Errorf("layer %s is %s: read it directly", ix.Digest, ix.Format)
 	}
-	return newResumeStream(cp, r, true)
+	s, err := newResumeStream(cp, r, true)
+	if err != nil {
+		return nil, err
+	}
+	s.ctx = ctx
+	return s, nil
 }
 
 // ReadAt reads the uncompressed bytes [off, off+len(p)) of the layer from
-// blob, the layer as stored (compressed for gzip layers).
-func (ix *Index) ReadAt(blob io.ReaderAt, p []byte, off int64) (int, error) {
+// blob, the layer as stored (compressed for gzip layers), stopping with
+// ctx's error once ctx is done.
+func (ix *Index) ReadAt(ctx context.Context, blob io.ReaderAt, p []byte, off int64) (int, error) {
 	if off < 0 || off > ix.Size {
 		return 0, fmt.Errorf("offset %d outside layer %s of %d bytes", off, ix.Digest, ix.Size)
 	}
@@ -369,7 +383,7 @@ func (ix *Index) ReadAt(blob io.ReaderAt, p []byte, off int64) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	r, err := ix.NewReader(cp, io.NewSectionReader(blob, start, end-start))
+	r, err := ix.NewReader(ctx, cp, io.NewSectionReader(blob, start, end-start))
 	if err != nil {
 		return 0, err
 	}

@@ -6,9 +6,11 @@ import (
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"math/rand/v2"
 	"os/exec"
@@ -172,7 +174,7 @@ func readRange(t *testing.T, ix *Index, raw, comp []byte, off, n int64) {
 	fetched := make([]byte, len(comp))
 	copy(fetched[start:end], comp[start:end])
 	p := make([]byte, n)
-	got, err := ix.ReadAt(io.NewSectionReader(bytes.NewReader(fetched[:end]), 0, end), p, off)
+	got, err := ix.ReadAt(context.Background(), io.NewSectionReader(bytes.NewReader(fetched[:end]), 0, end), p, off)
 	if err != nil || int64(got) != n {
 		t.Fatalf("ReadAt(%d, %d): %d, %v", off, n, got, err)
 	}
@@ -326,5 +328,127 @@ func TestChunkDigests(t *testing.T) {
 	}
 	if _, err := Build(context.Background(), bytes.NewReader(raw), Options{ChunkSize: 3 << 20}); err == nil || !strings.Contains(err.Error(), "chunk size") {
 		t.Fatalf("chunk size 3 MiB: %v, want a chunk size error", err)
+	}
+}
+
+// withSpan returns the encoded index enc with its span field set to span
+// and the header's length and checksum made to match: what an index
+// artifact written by someone else may carry.
+func withSpan(t testing.TB, enc []byte, span uint64) []byte {
+	t.Helper()
+	p := enc[encHeaderSize:]
+	at := 1       // format
+	for range 2 { // digest, diffID
+		n, k := binary.Uvarint(p[at:])
+		at += k + int(n)
+	}
+	for range 2 { // compressed size, size
+		_, k := binary.Uvarint(p[at:])
+		at += k
+	}
+	_, k := binary.Uvarint(p[at:])
+	np := append(binary.AppendUvarint(bytes.Clone(p[:at]), span), p[at+k:]...)
+	h := bytes.Clone(enc[:encHeaderSize])
+	binary.LittleEndian.PutUint64(h[16:], uint64(len(np)))
+	binary.LittleEndian.PutUint32(h[24:], crc32.Checksum(np, castagnoli))
+	return append(h, np...)
+}
+
+// TestDecodeRefusesLargeSpan: an index whose span is over MaxSpan is
+// refused by Decode (and so as an artifact or a node cache entry), naming
+// the span and the bound, even when its checkpoints are closer; one at
+// the default span and at MaxSpan itself decodes.
+func TestDecodeRefusesLargeSpan(t *testing.T) {
+	rng := rand.New(rand.NewPCG(17, 18))
+	raw, _ := smallLayer(t, rng)
+	ix, err := Build(context.Background(), bytes.NewReader(gzipGo(t, raw, 6)), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc, err := ix.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, span := range []uint64{DefaultSpan, MaxSpan} {
+		if got, err := Decode(bytes.NewReader(withSpan(t, enc, span))); err != nil || got.Span != int64(span) {
+			t.Fatalf("span %d: %v", span, err)
+		}
+	}
+	for _, span := range []uint64{MaxSpan + 1, 64 << 20, 1 << 30} {
+		_, err := Decode(bytes.NewReader(withSpan(t, enc, span)))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), fmt.Sprintf("checkpoint span %d, at most %d", span, 16<<20)) {
+			t.Errorf("span %d: %v, want ErrInvalid naming the span and the 16 MiB bound", span, err)
+		}
+	}
+	big := *ix
+	big.Span = 64 << 20
+	if _, err := big.MarshalBinary(); err == nil {
+		t.Error("an index of span 64 MiB encoded")
+	}
+	if _, err := Build(context.Background(), bytes.NewReader(gzipGo(t, raw, 6)), Options{Span: 64 << 20}); err == nil {
+		t.Error("Build with span 64 MiB succeeded")
+	}
+}
+
+// cancelAfter counts what is written to it and cancels a context once n
+// bytes have arrived.
+type cancelAfter struct {
+	n, total int64
+	cancel   context.CancelFunc
+}
+
+func (w *cancelAfter) Write(p []byte) (int, error) {
+	w.total += int64(len(p))
+	if w.total >= w.n {
+		w.cancel()
+	}
+	return len(p), nil
+}
+
+// TestReaderStopsWhenContextDone: a range read whose context ends while it
+// inflates a large span, with all the compressed bytes at hand, stops
+// within a few hundred KiB of output with the context's error instead of
+// inflating the rest of the span; ReadAt with a context already done
+// inflates nothing.
+func TestReaderStopsWhenContextDone(t *testing.T) {
+	// 15 MiB of zeros deflate to a few KiB: the whole span is one chunk.
+	raw := buildTar(t, []member{{"zeros", make([]byte, 15<<20)}})
+	comp := gzipGo(t, raw, 9)
+	ix, err := Build(context.Background(), bytes.NewReader(comp), Options{Span: MaxSpan})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ix.Checkpoints) != 1 {
+		t.Fatalf("%d checkpoints, want one span", len(ix.Checkpoints))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cp := &ix.Checkpoints[0]
+	r, err := ix.NewReader(ctx, cp, bytes.NewReader(comp[cp.CompressedStart():]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &cancelAfter{n: 1 << 20, cancel: cancel}
+	_, err = io.Copy(w, r)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("read cancelled after 1 MiB: %v after %d bytes, want context.Canceled", err, w.total)
+	}
+	t.Logf("cancelled at %d bytes of output, stopped at %d", w.n, w.total)
+	if w.total > 2<<20 {
+		t.Fatalf("%d bytes inflated after cancelling at 1 MiB of a %d-byte span", w.total, ix.Size)
+	}
+	// The reader stays stopped.
+	if n, err := r.Read(make([]byte, 10)); n != 0 || !errors.Is(err, context.Canceled) {
+		t.Fatalf("read after the stop: %d, %v", n, err)
+	}
+
+	done, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	p := make([]byte, 4096)
+	if n, err := ix.ReadAt(done, bytes.NewReader(comp), p, ix.Size-8192); n != 0 || !errors.Is(err, context.Canceled) {
+		t.Fatalf("ReadAt with a done context: %d, %v", n, err)
+	}
+	if _, err := ix.ReadAt(context.Background(), bytes.NewReader(comp), p, ix.Size-8192); err != nil || !bytes.Equal(p, raw[ix.Size-8192:ix.Size-4096]) {
+		t.Fatalf("ReadAt: %v", err)
 	}
 }

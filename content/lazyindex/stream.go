@@ -2,6 +2,7 @@ package lazyindex
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"hash"
@@ -30,7 +31,21 @@ type stream struct {
 	lastCP int64
 	cps    []Checkpoint
 	budget int64 // bytes the checkpoints may still take
+
+	// ctx, for a range read, ends the decoding: it is looked at once
+	// every ctxCheckBytes of output or ctxCheckSteps decoder steps (a
+	// run of empty blocks produces no output), not per step, so the hot
+	// loop pays one comparison.
+	ctx       context.Context
+	nextCheck int64 // f.total at which ctx is looked at next
+	steps     int   // decoder steps since ctx was looked at
 }
+
+// How often a range read's context is looked at while inflating.
+const (
+	ctxCheckBytes = 256 << 10
+	ctxCheckSteps = 1024
+)
 
 // newBitReader reads r, through a bufio.Reader unless r reads bytes itself.
 func newBitReader(r io.Reader) *bitReader {
@@ -225,6 +240,15 @@ func (s *stream) Read(p []byte) (int, error) {
 	for s.rd == s.f.n {
 		if s.err != nil {
 			return 0, s.err
+		}
+		if s.ctx != nil {
+			if s.steps++; s.f.total >= s.nextCheck || s.steps >= ctxCheckSteps {
+				if err := s.ctx.Err(); err != nil {
+					s.err = fmt.Errorf("inflate stopped at offset %d: %w", s.f.total, err)
+					return 0, s.err
+				}
+				s.steps, s.nextCheck = 0, s.f.total+ctxCheckBytes
+			}
 		}
 		s.rd -= s.f.slide(s.rd)
 		s.err = s.advance()

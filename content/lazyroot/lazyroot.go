@@ -1,8 +1,9 @@
 // Package lazyroot opens a registry image as a pod's lazy root
 // filesystem: its layer indexes (lazyimage), its merged tree for the ext4
 // synthesis, and the node's content store (store) that serves its file
-// data on demand, with the prefetch trace replayed at start or recorded
-// for the next one and the optional background fill. It is the one place
+// data on demand, with the image's prefetch trace replayed at start (or,
+// where the operator allows pushing, recorded for the next one) and the
+// optional background fill. It is the one place
 // `kata-fsx run`, `image build`/`serve` and the shim turn a `registry:`
 // source into what imagefs-blk serves.
 package lazyroot
@@ -63,7 +64,7 @@ type Root struct {
 	wg     sync.WaitGroup
 
 	mu        sync.Mutex
-	recording bool // no trace artifact was found: record one
+	recording bool // no trace artifact was found and push_trace is on: record one
 	started   bool
 	closed    bool
 	pushOnce  sync.Once
@@ -119,30 +120,58 @@ func Open(ctx context.Context, spec string, o Options) (_ *Root, err error) {
 		}
 	}
 	r.life, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	if reg.Prefetch {
+	if reg.Prefetch || reg.PushTrace {
 		r.startPrefetch(ctx)
 	}
 	return r, nil
 }
 
-// startPrefetch replays the image's trace in the background, or, with
-// none, records the reads from now until TraceSeconds after Started.
+// startPrefetch replays the image's trace in the background (prefetch),
+// or, with none, records the reads from now until TraceSeconds after
+// Started to push them (push_trace). Recording is tied to pushing: a
+// trace no one pushes has no use, and one pushed tells whoever can pull
+// the image what this pod read, which only the operator may allow.
 func (r *Root) startPrefetch(ctx context.Context) {
+	reg := r.opts.Registry
 	t, err := r.fetchTrace(ctx)
 	if err != nil {
-		r.opts.Logf("%v: recording one", err)
+		if !reg.PushTrace {
+			r.opts.Logf("%v: none recorded (push_trace is off)", err)
+			return
+		}
+		r.opts.Logf("%v: recording one to push (push_trace)", err)
 		r.recording = true
 		r.store.StartTrace()
 		return
 	}
-	r.opts.Logf("prefetch: replaying %d chunks of %s", len(t.Entries), r.Image.Ref)
+	if !reg.Prefetch {
+		r.opts.Logf("prefetch trace of %s not replayed (prefetch is off)", r.Image.Ref)
+		return
+	}
+	limit := r.traceBudget()
+	r.opts.Logf("prefetch: replaying %d chunks of %s (at most %.1f MiB)", len(t.Entries), r.Image.Ref, float64(limit)/(1<<20))
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		if err := r.store.Prefetch(r.life, t); err != nil && r.life.Err() == nil {
+		err := r.store.Prefetch(r.life, t, limit)
+		switch {
+		case err != nil && r.life.Err() == nil:
 			r.opts.Logf("prefetch of %s: %v", r.Image.Ref, err)
+		case err == nil:
+			r.opts.Logf("prefetch of %s done", r.Image.Ref)
 		}
 	}()
+}
+
+// traceBudget is the most a replayed trace may make this node fetch:
+// max_trace_mb, and never more than the image's layers hold, since the
+// trace is the registry's word, not the node's.
+func (r *Root) traceBudget() int64 {
+	mb := r.opts.Registry.MaxTraceMB
+	if mb <= 0 {
+		mb = config.DefaultMaxTraceMB
+	}
+	return min(int64(mb)<<20, r.CompressedSize())
 }
 
 // fetchTrace returns the image's prefetch trace, or why there is none

@@ -3,6 +3,7 @@ package lazyroot
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/content/lazyimage"
+	"github.com/kata-fsx/kata-fsx/content/registry"
 	"github.com/kata-fsx/kata-fsx/test/registrytest"
 )
 
@@ -101,19 +104,43 @@ func readFile(t *testing.T, r *Root, path string) []byte {
 	return nil
 }
 
+// fetchTrace returns the image's prefetch trace artifact in the registry,
+// or the error wrapping registry.ErrNotFound that says there is none.
+func fetchTrace(ctx context.Context, r *Root) ([]byte, error) {
+	return lazyimage.FetchTrace(ctx, r.img, r.Image)
+}
+
+// waitLog waits, at most a minute, for a log line containing s.
+func waitLog(t *testing.T, l *logBuffer, s string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(l.String(), s) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !strings.Contains(l.String(), s) {
+		t.Fatalf("no log line with %q:\n%s", s, l.String())
+	}
+}
+
+// TestOpenReadTracePrefetch: with push_trace a node records its pod's
+// reads and pushes them; a node with the default configuration replays
+// that trace, and one with a smaller max_trace_mb replays only its bound.
 func TestOpenReadTracePrefetch(t *testing.T) {
 	reg := registrytest.Start(t, registrytest.Options{})
 	spec, files := testImage(t, reg)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	// Node 1: no index artifact (built by streaming), no trace (recorded).
+	// Node 1: no index artifact (built by streaming), no trace (recorded
+	// and pushed, as push_trace allows).
 	var logs1 logBuffer
-	r, err := Open(ctx, spec, testOptions(t, reg, t.TempDir(), &logs1))
+	o1 := testOptions(t, reg, t.TempDir(), &logs1)
+	o1.Registry.PushTrace = true
+	r, err := Open(ctx, spec, o1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(logs1.String(), "no prefetch trace") {
+	if !strings.Contains(logs1.String(), "no prefetch trace") || !strings.Contains(logs1.String(), "recording one to push") {
 		t.Errorf("no word of recording a trace:\n%s", logs1.String())
 	}
 	r.Started()
@@ -130,8 +157,12 @@ func TestOpenReadTracePrefetch(t *testing.T) {
 	if !strings.Contains(logs1.String(), "prefetch trace of") || !strings.Contains(logs1.String(), "pushed") {
 		t.Fatalf("the trace was not pushed at Close:\n%s", logs1.String())
 	}
+	if b, err := fetchTrace(ctx, r); err != nil || len(b) == 0 {
+		t.Fatalf("no trace artifact in the registry after a push_trace run: %v", err)
+	}
 
-	// Node 2 (a fresh state dir) replays it: big1 is fetched before any read.
+	// Node 2 (a fresh state dir, the default configuration) replays it:
+	// big1 is fetched before any read.
 	var logs2 logBuffer
 	r2, err := Open(ctx, spec, testOptions(t, reg, t.TempDir(), &logs2))
 	if err != nil {
@@ -157,6 +188,53 @@ func TestOpenReadTracePrefetch(t *testing.T) {
 	}
 	if got := readFile(t, r2, "d/hello"); !bytes.Equal(got, files["d/hello"]) {
 		t.Fatal("d/hello differs")
+	}
+
+	// Node 3 replays at most max_trace_mb of it, saying so.
+	var logs3 logBuffer
+	o3 := testOptions(t, reg, t.TempDir(), &logs3)
+	o3.Registry.MaxTraceMB = 1
+	r3, err := Open(ctx, spec, o3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r3.Close()
+	waitLog(t, &logs3, fmt.Sprintf("prefetch of %s done", r3.Image.Ref))
+	if got := r3.Stats().FetchedBytes; got <= 0 || got > 1<<20 {
+		t.Fatalf("a replay bounded to 1 MiB fetched %d bytes of the %d node 1 read:\n%s", got, fetched, logs3.String())
+	}
+	if n := strings.Count(logs3.String(), "trimmed"); n != 1 {
+		t.Fatalf("%d log lines about trimming the trace, want 1:\n%s", n, logs3.String())
+	}
+}
+
+// TestDefaultPushesNoTrace: a node with the default configuration records
+// and pushes no trace of what its pod read, however long the pod reads.
+func TestDefaultPushesNoTrace(t *testing.T) {
+	reg := registrytest.Start(t, registrytest.Options{})
+	spec, files := testImage(t, reg)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var logs logBuffer
+	o := Options{Registry: config.DefaultRegistry(), StateDir: t.TempDir(), Logf: logs.logf}
+	o.Registry.ConfigPath = reg.HostsDir(t, "")
+	o.Registry.TraceSeconds = 3600 // the window would end with Close, as for a short-lived container
+	r, err := Open(ctx, spec, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Started()
+	if got := readFile(t, r, "d/big2"); !bytes.Equal(got, files["d/big2"]) {
+		t.Fatal("d/big2 read through the store differs from the image's")
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := fetchTrace(ctx, r); !errors.Is(err, registry.ErrNotFound) {
+		t.Fatalf("a default run left a trace artifact (%d bytes, %v):\n%s", len(b), err, logs.String())
+	}
+	if !strings.Contains(logs.String(), "none recorded (push_trace is off)") {
+		t.Errorf("no word of why no trace was recorded:\n%s", logs.String())
 	}
 }
 

@@ -24,8 +24,9 @@
 //
 // Every chunk is verified against the index before any byte of it is
 // used or stored; a chunk that does not verify is a read error and a log
-// line, never data. A read waits at most Options.ReadTimeout; the fetch
-// it started goes on for the reads after it. No mutex is held across
+// line, never data. A read waits and inflates at most
+// Options.ReadTimeout; the fetch it started goes on for the reads after
+// it. No mutex is held across
 // network I/O: readers wait on the fetch's completion, each with its own
 // deadline. The one lock a fetch holds is its chunks' byte-range lock in
 // the data file, which other processes poll rather than block on, so it
@@ -75,5 +76,7 @@
 // rate (a token bucket). StartTrace and StopTrace record the chunks a pod
 // reads in its first seconds, in order; the Trace's binary form is meant
 // to be stored as an artifact referring to the image, and Prefetch
-// replays it at the next start of the image on any node.
+// replays it at the next start of the image on any node. A replayed trace
+// is whatever its pusher wrote, so Prefetch fetches each chunk once and
+// stops at a byte budget the caller sets.
 package store

@@ -39,7 +39,7 @@ func (s *Store) chunk(ctx context.Context, l *layer, i, hi int64) ([]byte, error
 	}
 	c := l.inflight[i]
 	if c == nil {
-		c = s.startRunLocked(l, i, hi, true)
+		c = s.startRunLocked(l, i, hi, true)[0]
 	}
 	l.mu.Unlock()
 	return s.wait(ctx, l, i, c)
@@ -76,30 +76,38 @@ func (s *Store) heldLocked(l *layer, i int64) bool {
 }
 
 // ensure fetches the chunks [lo, hi) of l that are not held, for Fill and
-// Prefetch; keep says whether fetched chunks also go to memory.
+// Prefetch; keep says whether fetched chunks also go to memory. It waits
+// for the run of chunks it started rather than looking at each again: a
+// run larger than the memory tier would otherwise be evicted as it
+// arrives and fetched again chunk by chunk.
 func (s *Store) ensure(ctx context.Context, l *layer, lo, hi int64, keep bool) error {
-	for i := lo; i < hi; i++ {
+	for i := lo; i < hi; {
 		l.mu.Lock()
 		if s.heldLocked(l, i) {
 			l.mu.Unlock()
+			i++
 			continue
 		}
-		c := l.inflight[i]
-		if c == nil {
-			c = s.startRunLocked(l, i, hi, keep)
+		calls := []*call{l.inflight[i]}
+		if calls[0] == nil {
+			calls = s.startRunLocked(l, i, hi, keep)
 		}
 		l.mu.Unlock()
-		if _, err := s.wait(ctx, l, i, c); err != nil {
-			return err
+		for k, c := range calls {
+			if _, err := s.wait(ctx, l, i+int64(k), c); err != nil {
+				return err
+			}
 		}
+		i += int64(len(calls))
 	}
 	return nil
 }
 
 // startRunLocked registers fetches of chunk lo and of the missing chunks
 // after it (below hi, up to MaxFetch bytes in all) and starts them in the
-// background; it returns lo's call. l.mu is held.
-func (s *Store) startRunLocked(l *layer, lo, hi int64, keep bool) *call {
+// background; it returns their calls, lo's first (only lo's, failed, on a
+// closed store). l.mu is held.
+func (s *Store) startRunLocked(l *layer, lo, hi int64, keep bool) []*call {
 	n := l.ix.NumChunks()
 	hi = min(hi, n)
 	a, b := l.ix.ChunkRange(lo)
@@ -126,13 +134,13 @@ func (s *Store) startRunLocked(l *layer, lo, hi int64, keep bool) *call {
 		c := newCall()
 		c.err = ErrClosed
 		close(c.done)
-		return c
+		return []*call{c}
 	}
 	for k, c := range calls {
 		l.inflight[lo+int64(k)] = c
 	}
 	go s.fetchRun(l, lo, calls, keep)
-	return calls[0]
+	return calls
 }
 
 // fetchRun fills the calls of chunks [lo, lo+len(calls)): under the

@@ -56,9 +56,38 @@ func (s *Store) Fill(ctx context.Context, bytesPerSecond int64) error {
 }
 
 // Prefetch fetches a trace's chunks in order, merging runs of adjacent
-// chunks of one layer; entries of layers not added or chunks past a
-// layer's end are skipped, with one log line per layer.
-func (s *Store) Prefetch(ctx context.Context, t Trace) error {
+// chunks of one layer. A trace comes from the registry, written by
+// whoever could push to the image's repository, so it is held to a
+// budget: each chunk counts once however often the trace names it, and
+// the chunks after the first maxBytes of them (<= 0: no bound but the
+// layers' own sizes) are dropped with one log line. Entries of layers not
+// added or chunks past a layer's end are skipped, with one log line per
+// layer.
+func (s *Store) Prefetch(ctx context.Context, t Trace, maxBytes int64) error {
+	plan := s.planPrefetch(t, maxBytes)
+	for k := 0; k < len(plan); {
+		e := plan[k]
+		m := k + 1
+		for m < len(plan) && plan[m].l == e.l && plan[m].chunk == plan[m-1].chunk+1 {
+			m++
+		}
+		if err := s.ensure(ctx, e.l, e.chunk, e.chunk+int64(m-k), true); err != nil {
+			return err
+		}
+		k = m
+	}
+	return nil
+}
+
+// prefetchChunk is one chunk Prefetch fetches.
+type prefetchChunk struct {
+	l     *layer
+	chunk int64
+}
+
+// planPrefetch returns the chunks of t that Prefetch fetches, in order:
+// each once, of added layers, within maxBytes.
+func (s *Store) planPrefetch(t Trace, maxBytes int64) []prefetchChunk {
 	logged := map[string]bool{}
 	skip := func(e TraceEntry, why string) {
 		if !logged[e.Layer] {
@@ -66,32 +95,41 @@ func (s *Store) Prefetch(ctx context.Context, t Trace) error {
 			s.logf("content store: prefetch trace entries of layer %s skipped: %s", e.Layer, why)
 		}
 	}
-	es := t.Entries
-	for k := 0; k < len(es); {
-		e := es[k]
-		s.mu.Lock()
-		l := s.blobs[e.Layer]
-		s.mu.Unlock()
+	layers := map[string]*layer{}
+	seen := map[prefetchChunk]bool{}
+	var plan []prefetchChunk
+	var planned int64
+	for k, e := range t.Entries {
+		l, ok := layers[e.Layer]
+		if !ok {
+			s.mu.Lock()
+			l = s.blobs[e.Layer]
+			s.mu.Unlock()
+			layers[e.Layer] = l
+		}
 		if l == nil {
 			skip(e, "no such layer in this store")
-			k++
 			continue
 		}
 		if e.Chunk < 0 || e.Chunk >= l.ix.NumChunks() {
 			skip(e, "chunk past the layer's end (a trace of another index?)")
-			k++
 			continue
 		}
-		m := k + 1
-		for m < len(es) && es[m].Layer == e.Layer && es[m].Chunk == es[m-1].Chunk+1 && es[m].Chunk < l.ix.NumChunks() {
-			m++
+		c := prefetchChunk{l, e.Chunk}
+		if seen[c] {
+			continue
 		}
-		if err := s.ensure(ctx, l, e.Chunk, e.Chunk+int64(m-k), true); err != nil {
-			return err
+		a, b := l.ix.ChunkRange(e.Chunk)
+		if maxBytes > 0 && planned+b-a > maxBytes {
+			s.logf("content store: prefetch trace trimmed at entry %d of %d: its first %d chunks (%d bytes) are all a replay may fetch (at most %d bytes)",
+				k+1, len(t.Entries), len(plan), planned, maxBytes)
+			break
 		}
-		k = m
+		seen[c] = true
+		planned += b - a
+		plan = append(plan, c)
 	}
-	return nil
+	return plan
 }
 
 // bucket is a token bucket of bytes: a fetch of n bytes waits until the

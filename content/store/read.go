@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -177,18 +178,37 @@ func (s *Store) inflate(ctx context.Context, l *layer, k int, p []byte, off int6
 		inEnd = min(inEnd, e)
 	}
 	cr := &chunkReader{ctx: ctx, s: s, l: l, pos: in, end: inEnd, hi: (inEnd + ix.ChunkSize - 1) / ix.ChunkSize}
-	zr, err := ix.NewReader(cp, cr)
+	// The chunks may all be held already, so nothing but the inflater
+	// itself would notice the read's deadline: it is given ctx.
+	zr, err := ix.NewReader(ctx, cp, cr)
 	if err != nil {
 		return err
 	}
 	s.stats.spansInflated.Add(1)
 	if _, err := io.CopyN(io.Discard, zr, off-cp.Out); err != nil {
-		return cr.cause(fmt.Errorf("inflate from checkpoint at %d to %d: %w", cp.Out, off, err))
+		return s.inflateErr(ctx, l, k, cr.cause(fmt.Errorf("inflate from checkpoint at %d to %d: %w", cp.Out, off, err)))
 	}
 	if _, err := io.ReadFull(zr, p); err != nil {
-		return cr.cause(fmt.Errorf("inflate [%d, %d): %w", off, off+int64(len(p)), err))
+		return s.inflateErr(ctx, l, k, cr.cause(fmt.Errorf("inflate [%d, %d): %w", off, off+int64(len(p)), err)))
 	}
 	return nil
+}
+
+// inflateErr explains an inflate of span k that ended early: a read whose
+// deadline passed or whose store closed says so, as a wait for a chunk
+// does, whatever the inflater was doing at that moment.
+func (s *Store) inflateErr(ctx context.Context, l *layer, k int, err error) error {
+	if ctx.Err() == nil || !errors.Is(err, ctx.Err()) {
+		return err
+	}
+	switch {
+	case s.ctx.Err() != nil:
+		return ErrClosed
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("content store: layer %s: span %d not inflated within %v (%w): %w", l.name, k, s.readTimeout, err, ErrReadTimeout)
+	default:
+		return fmt.Errorf("content store: layer %s: span %d: %w", l.name, k, err)
+	}
 }
 
 // chunkReader yields the stored blob's bytes [pos, end) chunk by chunk

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"errors"
@@ -261,6 +262,52 @@ func TestReadTimeout(t *testing.T) {
 	}
 }
 
+// TestInflateStopsAtDeadline: a read whose deadline has passed, of a
+// large span whose compressed bytes are all held (so no wait for a chunk
+// notices the deadline), fails with ErrReadTimeout instead of inflating
+// the span, through the span cache and around it (a memory tier too small
+// for the span); the next read with time to spare is served.
+func TestInflateStopsAtDeadline(t *testing.T) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	zeros := make([]byte, 15*mib)
+	if err := tw.WriteHeader(&tar.Header{Name: "zeros", Mode: 0o644, Size: int64(len(zeros)), Typeflag: tar.TypeReg}); err != nil {
+		t.Fatal(err)
+	}
+	tw.Write(zeros)
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l := indexLayer(t, buf.Bytes(), nil, 9, 64*kib, 16*mib)
+	if len(l.ix.Checkpoints) != 1 {
+		t.Fatalf("%d checkpoints, want one span", len(l.ix.Checkpoints))
+	}
+	for _, c := range []struct {
+		name   string
+		memory int64
+	}{{"span cache", 128 * mib}, {"too large to cache", 4 * mib}} {
+		t.Run(c.name, func(t *testing.T) {
+			s := openStore(t, Options{MemoryBytes: c.memory})
+			r := layerReader(t, s, l, newFake(l.blob))
+			ly := s.layers[l.ix.DiffID]
+			if err := s.ensure(context.Background(), ly, 0, l.ix.NumChunks(), true); err != nil {
+				t.Fatal(err)
+			}
+			off := int64(len(l.tar)) - 8*kib
+			timeout := s.readTimeout
+			s.readTimeout = -1 // every read's deadline has passed when it starts
+			if n, err := r.ReadAt(make([]byte, 4*kib), off); n != 0 || !errors.Is(err, ErrReadTimeout) {
+				t.Fatalf("read of a held span past its deadline: %d bytes, %v; want ErrReadTimeout", n, err)
+			}
+			s.readTimeout = timeout
+			checkRead(t, r, l.tar, off, 4*kib)
+			if st := s.Stats(); st.FetchedChunks != l.ix.NumChunks() || st.ReadErrors != 1 {
+				t.Fatalf("stats %+v: want the %d chunks fetched once and one read error", st, l.ix.NumChunks())
+			}
+		})
+	}
+}
+
 // TestVerifyFailure: bytes that do not match the index are an error and
 // one log line naming layer and chunk, never data; other chunks are fine.
 func TestVerifyFailure(t *testing.T) {
@@ -456,6 +503,11 @@ func TestDiskFull(t *testing.T) {
 	// The chunks still in memory are written by the fill.
 	if err := s.Fill(context.Background(), 0); err != nil {
 		t.Fatal(err)
+	}
+	// Fill returns once its last chunks are handed over, and their run
+	// is written to disk just after: wait for it, bounded.
+	for deadline := time.Now().Add(10 * time.Second); heldChunks() != int(l.ix.NumChunks()) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
 	}
 	if n := heldChunks(); n != int(l.ix.NumChunks()) {
 		t.Fatalf("after space was freed, %d of %d chunks on disk", n, l.ix.NumChunks())
@@ -663,7 +715,7 @@ func TestTracePrefetch(t *testing.T) {
 	fa, fb := newFake(a.blob), newFake(b.blob)
 	ra2 := layerReader(t, s2, a, fa)
 	rb2 := layerReader(t, s2, b, fb)
-	if err := s2.Prefetch(context.Background(), tr2); err != nil {
+	if err := s2.Prefetch(context.Background(), tr2, 0); err != nil {
 		t.Fatal(err)
 	}
 	if st := s2.Stats(); st.FetchedChunks != int64(len(tr.Entries)) {
@@ -677,6 +729,56 @@ func TestTracePrefetch(t *testing.T) {
 	checkRead(t, ra2, a.tar, 3*64*kib+5, 100)
 	checkRead(t, ra2, a.tar, 0, 10)
 	checkRead(t, rb2, b.tar, f.off, len(f.data))
+}
+
+// TestPrefetchBound: a replayed trace fetches each chunk once however
+// often it names it, so never more than the layers hold even through a
+// memory tier that cannot keep them, and no more than its byte bound,
+// trimmed with one log line.
+func TestPrefetchBound(t *testing.T) {
+	rng := rand.New(rand.NewPCG(14, 14))
+	a := makeLayer(t, rng, -1, 6, 200*kib, 64*kib, 0)
+	n := a.ix.NumChunks()
+	if n < 5 {
+		t.Fatalf("layer of %d chunks, want several", n)
+	}
+	var tr Trace
+	for range 3 {
+		for i := range n {
+			tr.Entries = append(tr.Entries, TraceEntry{a.ix.Digest, i})
+		}
+	}
+
+	// Memory only, room for two chunks: what the trace names again has
+	// been evicted by then.
+	s := openStore(t, Options{MemoryBytes: 128 * kib})
+	layerReader(t, s, a, newFake(a.blob))
+	if err := s.Prefetch(context.Background(), tr, 0); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.FetchedChunks != n || st.FetchedBytes != int64(len(a.blob)) {
+		t.Fatalf("a trace naming each of %d chunks three times fetched %d chunks, %d bytes of a %d-byte layer", n, st.FetchedChunks, st.FetchedBytes, len(a.blob))
+	}
+
+	// A bound of three chunks and a half: the first three, and one line.
+	var log logBuf
+	s2 := openStore(t, Options{Dir: t.TempDir(), Logf: log.logf})
+	fk := newFake(a.blob)
+	r2 := layerReader(t, s2, a, fk)
+	if err := s2.Prefetch(context.Background(), tr, 3*64*kib+32*kib); err != nil {
+		t.Fatal(err)
+	}
+	if st := s2.Stats(); st.FetchedChunks != 3 || st.FetchedBytes != 3*64*kib {
+		t.Fatalf("a replay bounded to 3.5 chunks fetched %d chunks, %d bytes", st.FetchedChunks, st.FetchedBytes)
+	}
+	if got := log.matching("trimmed"); len(got) != 1 || !strings.Contains(got[0], "first 3 chunks") {
+		t.Fatalf("log %q: want one line saying the trace was trimmed to 3 chunks", log.lines)
+	}
+	fk.fail.Store(-1)
+	checkRead(t, r2, a.tar, 0, 3*64*kib)
+	if _, err := r2.ReadAt(make([]byte, 10), 3*64*kib); !errors.Is(err, errFakeDown) {
+		t.Fatalf("chunk 3, past the bound, with the registry down: %v; want it not prefetched", err)
+	}
 }
 
 // TestOpenerFallback: sources the store does not hold go to the fallback.

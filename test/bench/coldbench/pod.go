@@ -76,7 +76,9 @@ func (b *bencher) newNode(name string, prefetch bool) (dir, cfg string, err erro
 	}
 	text := editConfig(b.baseConfig, map[string]map[string]string{
 		"kata_fsx.imagefs_blk": {"state_dir": strconv.Quote(filepath.Join(dir, "imagefs-blk"))},
-		"kata_fsx.registry":    {"config_path": strconv.Quote(b.hosts), "prefetch": strconv.FormatBool(prefetch)},
+		// A node that prefetches also pushes: the record run's trace is
+		// what the prefetch rows replay.
+		"kata_fsx.registry": {"config_path": strconv.Quote(b.hosts), "prefetch": strconv.FormatBool(prefetch), "push_trace": strconv.FormatBool(prefetch)},
 	})
 	cfg = filepath.Join(dir, "configuration.toml")
 	return dir, cfg, os.WriteFile(cfg, []byte(text), 0o644)
