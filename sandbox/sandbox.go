@@ -384,10 +384,17 @@ func imageMemoryLayout(q *config.QEMU, h *host.Host, img *hypervisor.RootImage) 
 	return slots, maxMiB
 }
 
+// DirOf is the directory of sandbox id under configuration c: everything
+// the pod has on the host (QEMU's directory, sockets, the shared
+// directory's mounts, disks) lives below it.
+func DirOf(c *config.Config, id string) string {
+	return filepath.Join(c.KataFSX.StateDir, id)
+}
+
 // AgentSocket is the unix socket QEMU listens on for the virtio-serial
 // agent channel of sandbox id under configuration c.
 func AgentSocket(c *config.Config, id string) string {
-	return filepath.Join(c.KataFSX.StateDir, id, "agent.sock")
+	return filepath.Join(DirOf(c, id), "agent.sock")
 }
 
 // newSandbox is a booting sandbox with nothing started yet; its directory
@@ -395,7 +402,7 @@ func AgentSocket(c *config.Config, id string) string {
 func newSandbox(ctx context.Context, id string, d config.Decision) *Sandbox {
 	s := &Sandbox{
 		ID: id, Decision: d, cfg: d.Config,
-		Dir:    filepath.Join(d.Config.KataFSX.StateDir, id),
+		Dir:    DirOf(d.Config, id),
 		state:  StateBooting,
 		failed: make(chan struct{}), stopping: make(chan struct{}), stopped: make(chan struct{}),
 		disks: map[string]*podDisk{}, volumes: map[string][]virtiofs.Volume{},
