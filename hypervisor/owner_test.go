@@ -61,7 +61,9 @@ func qemuNamed(name string) []int {
 func TestQEMUDiesWithItsOwner(t *testing.T) {
 	qemuBinary(t)
 	name := fmt.Sprintf("owner-%d-%d", os.Getpid(), time.Now().UnixNano())
-	owner := helperproc.Start(t, "TestOwnerHelper", "started", ownerEnv+"="+name)
+	// The killed helper cleans nothing up: its temporary directories are
+	// made in this test's.
+	owner := helperproc.Start(t, "TestOwnerHelper", "started", ownerEnv+"="+name, "TMPDIR="+t.TempDir())
 	pids := qemuNamed(name)
 	if len(pids) != 1 {
 		t.Fatalf("QEMU processes named %s: %v, want one", name, pids)
