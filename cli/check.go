@@ -163,13 +163,33 @@ func hostChecks(c *config.Config, h *host.Host) []checkLine {
 	default:
 		add(pass, "vhost-vsock", "not usable: "+h.VsockReason, "")
 	}
-	sharesMemory := c.NeedsSharedMemory() || (h.TransportErr == nil && h.Transport == config.TransportHybridVsock)
-	if h.ShmErr != nil {
+	ram, ramPath, ramWhy := guestRAMInfo(c, h)
+	inShm := ram == "file" && (ramPath == "/dev/shm" || strings.HasPrefix(ramPath, "/dev/shm/"))
+	switch {
+	case ram == "unavailable":
+		add(fail, "guest RAM", ramWhy, "make memfd_create work, or mount a tmpfs on /dev/shm")
+	case inShm:
+		fix := "make memfd_create work: guest RAM is then a memfd"
+		if h.Memfd {
+			fix = "unset file_mem_backend: guest RAM is then a memfd"
+		}
+		add(warn, "guest RAM", fmt.Sprintf("a share=on file in %s: every local user can fill /dev/shm, and a guest that then touches a new page dies of SIGBUS", ramPath), fix)
+	case ram == "file":
+		add(pass, "guest RAM", fmt.Sprintf("a share=on file in %s (%s)", ramPath, ramWhy), "")
+	default:
+		add(pass, "guest RAM", ram+": "+ramWhy, "")
+	}
+	switch {
+	case h.ShmErr != nil && !inShm && ram != "file":
+		add(pass, "/dev/shm", h.ShmErr.Error()+"; guest RAM does not use it", "")
+	case h.ShmErr != nil:
 		add(warn, "/dev/shm", h.ShmErr.Error(), "mount a tmpfs on /dev/shm")
-	} else if sharesMemory && uint64(q.DefaultMemory) > h.ShmFreeMiB {
+	case inShm && uint64(q.DefaultMemory) > h.ShmFreeMiB:
 		add(fail, "/dev/shm", fmt.Sprintf("%d MiB free, default_memory is %d MiB and vhost-user devices need guest RAM there", h.ShmFreeMiB, q.DefaultMemory), "grow /dev/shm or lower default_memory")
-	} else {
+	case inShm:
 		add(pass, "/dev/shm", fmt.Sprintf("%d MiB free for %d MiB of guest memory", h.ShmFreeMiB, q.DefaultMemory), "")
+	default:
+		add(pass, "/dev/shm", fmt.Sprintf("%d MiB free; guest RAM is not there", h.ShmFreeMiB), "")
 	}
 	if h.Memfd {
 		add(pass, "memfd", "memfd_create works", "")

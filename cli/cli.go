@@ -39,7 +39,9 @@ Run 'kata-fsx COMMAND -h' for a command's options.
 // SIGINT or SIGTERM cancels, so every command stops and cleans up (removes
 // its partial output, tears its sandbox down) instead of dying mid-way or
 // ignoring the signal. A second signal kills the process at once, for a
-// command whose cleanup itself is stuck.
+// command whose cleanup itself is stuck; run is the exception, as its
+// pod would be left behind: it always finishes its teardown (SIGKILL
+// remains, and run's watchdog cleans up after it).
 func Run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -63,6 +65,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runImage(ctx, args[1:], stdout, stderr)
 	case "run":
 		return runRun(ctx, args[1:], stdout, stderr, config.DevPath())
+	case watchdogCommand:
+		return runWatchdog(args[1:], stderr)
 	case "exec":
 		return runExec(ctx, args[1:], stdout, stderr, config.DevPath())
 	case "snapshotter":

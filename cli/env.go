@@ -87,6 +87,13 @@ type HypervisorInfo struct {
 	AcceleratorCacheDir   string
 	DefaultMemory         uint32
 	DefaultVCPUs          int32
+	// GuestRAM is how a pod's RAM is backed: "memfd" (a share=on memfd),
+	// "file" (a share=on file in GuestRAMPath), "private" (no vhost-user
+	// device maps it: QEMU's own anonymous memory) or "unavailable" (it
+	// must be shared and cannot be; the shim refuses the pod).
+	GuestRAM       string
+	GuestRAMPath   string
+	GuestRAMReason string
 }
 
 // SecurityInfo is [Hypervisor.SecurityInfo].
@@ -387,6 +394,7 @@ func buildEnv(c *config.Config, h *host.Host) *EnvInfo {
 		// The virtio-serial channel's socket is a hybrid vsock's counterpart.
 		info.Hypervisor.SocketPath = sandbox.AgentSocket(c, "{ID}")
 	}
+	info.Hypervisor.GuestRAM, info.Hypervisor.GuestRAMPath, info.Hypervisor.GuestRAMReason = guestRAMInfo(c, h)
 	info.Agent.Transport, info.Agent.TransportReason = h.Transport, h.TransportReason
 	if h.TransportErr != nil {
 		info.Agent.TransportError = h.TransportErr.Error()
@@ -405,6 +413,23 @@ func buildEnv(c *config.Config, h *host.Host) *EnvInfo {
 		Memfd:                     h.Memfd,
 	}
 	return info
+}
+
+// guestRAMInfo says how the configuration's pods get their RAM on this
+// host: shared as the probe decided when a vhost-user device maps it (the
+// sandbox's rule), else private.
+func guestRAMInfo(c *config.Config, h *host.Host) (backend, path, why string) {
+	hybrid := h.TransportErr == nil && h.Transport == config.TransportHybridVsock
+	if !c.NeedsSharedMemory() && !hybrid {
+		return "private", "", fmt.Sprintf("no vhost-user device maps it (shared_fs %s, agent transport %s)", c.SharedFS(), h.Transport)
+	}
+	switch h.GuestRAM {
+	case hypervisor.SharedMemoryMemfd:
+		return "memfd", "", h.GuestRAMReason
+	case hypervisor.SharedMemoryFile:
+		return "file", h.GuestRAMDir, h.GuestRAMReason
+	}
+	return "unavailable", "", h.GuestRAMReason
 }
 
 // noVFIOPort is Kata's PCIePort value for VFIO hot- and cold-plug turned

@@ -5,10 +5,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
 
@@ -62,6 +65,20 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer, defaul
 		fs.Usage()
 		return 2
 	}
+	// cli.Run lets a second signal kill a command whose cleanup is stuck;
+	// for run that would leave the pod behind half torn down. While this
+	// channel is registered SIGINT and SIGTERM never take their default
+	// action, so every signal after the first only waits for the teardown
+	// the first began. SIGKILL still ends run at once (the watchdog then
+	// cleans up).
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	sigDone := make(chan struct{})
+	defer func() {
+		signal.Stop(sigs)
+		close(sigDone)
+	}()
+	go reportSignals(sigs, sigDone, stderr)
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "kata-fsx run: %v\n", err)
 		return 1
@@ -150,6 +167,35 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer, defaul
 		rand.Read(b)
 		*id = "run-" + hex.EncodeToString(b)
 	}
+	if err := sandbox.ValidID(*id); err != nil {
+		return fail(err)
+	}
+	// The directory is made here, not by the sandbox, so that it is
+	// certainly this run's: the watchdog removes it should run die, and
+	// must never remove another pod's of the same id.
+	sbDir := sandbox.DirOf(c, *id)
+	if err := os.MkdirAll(filepath.Dir(sbDir), 0o700); err != nil {
+		return fail(fmt.Errorf("state directory: %w", err))
+	}
+	if err := os.Mkdir(sbDir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			err = fmt.Errorf("%w: a pod with this id runs, or a run that died left it behind along with its watchdog (remove it once no QEMU names it)", err)
+		}
+		return fail(fmt.Errorf("sandbox %s: %w", *id, err))
+	}
+	wd, err := startWatchdog(sbDir, stderr)
+	if err != nil {
+		os.Remove(sbDir)
+		return fail(err)
+	}
+	defer func() {
+		wd.dismiss()
+		// Left empty when the pod failed before its sandbox took the
+		// directory over; otherwise the teardown removed it.
+		if err := os.Remove(sbDir); err != nil && !errors.Is(err, os.ErrNotExist) {
+			fmt.Fprintf(stderr, "kata-fsx run: %v\n", err)
+		}
+	}()
 	req := runRequest{
 		pod: sandbox.Spec{ID: *id, Config: c, Annotations: annotations, Backend: *backend, Hostname: *id,
 			Rootfs: rspec, RootfsIndex: idx, RootfsBlockFile: rawFile},
@@ -165,6 +211,27 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer, defaul
 		fmt.Fprintf(stderr, "kata-fsx run: %v\n", err)
 	}
 	return code
+}
+
+// reportSignals says what run does about each SIGINT or SIGTERM until
+// done is closed: the first stops the pod, the others wait for that.
+func reportSignals(sigs <-chan os.Signal, done <-chan struct{}, stderr io.Writer) {
+	for n := 0; ; n++ {
+		select {
+		case sig := <-sigs:
+			name := sig.String()
+			if s, ok := sig.(syscall.Signal); ok {
+				name = unix.SignalName(s)
+			}
+			if n == 0 {
+				fmt.Fprintf(stderr, "kata-fsx run: %s: stopping the pod\n", name)
+			} else {
+				fmt.Fprintf(stderr, "kata-fsx run: %s again: the pod's teardown is under way and finishes first (SIGKILL ends kata-fsx run at once; its watchdog then removes the pod)\n", name)
+			}
+		case <-done:
+			return
+		}
+	}
 }
 
 type runRequest struct {

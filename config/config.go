@@ -74,9 +74,11 @@ type QEMU struct {
 	DefaultMemory   uint32 `toml:"default_memory"`
 	EnableHugepages bool   `toml:"enable_hugepages"`
 	// EnableMemPrealloc preallocates guest RAM when QEMU starts, as Kata's
-	// key does, so a full /dev/shm fails the boot instead of a page fault
-	// later.
-	EnableMemPrealloc         bool     `toml:"enable_mem_prealloc"`
+	// key does, so a RAM file whose file system is full fails the boot
+	// instead of a page fault later.
+	EnableMemPrealloc bool `toml:"enable_mem_prealloc"`
+	// FileMemBackend, when set, makes shared guest RAM a share=on file in
+	// this directory, as in Kata; unset, it is a memfd (package host).
 	FileMemBackend            string   `toml:"file_mem_backend"`
 	EnableAnnotations         []string `toml:"enable_annotations"`
 	SharedFS                  string   `toml:"shared_fs"`

@@ -143,6 +143,22 @@ func TestValidateAgentTransports(t *testing.T) {
 	}
 }
 
+// TestValidateMemfdGuestRAMIgnoresShm: guest RAM in a memfd does not
+// depend on /dev/shm, so a full one refuses nothing; a file_mem_backend
+// in /dev/shm still needs the room there.
+func TestValidateMemfdGuestRAMIgnoresShm(t *testing.T) {
+	c := validConfig(t)
+	full := HostFacts{DaemonFlavour: FlavourC, QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 0, GuestRAMMemfd: true}
+	if err := Validate(c, full); err != nil {
+		t.Errorf("memfd guest RAM refused for a full /dev/shm: %v", err)
+	}
+	c.QEMU().FileMemBackend = "/dev/shm"
+	full.GuestRAMMemfd = false
+	if err := Validate(c, full); err == nil || !strings.Contains(err.Error(), "/dev/shm") {
+		t.Errorf("file_mem_backend = /dev/shm with none free: %v, want an error naming /dev/shm", err)
+	}
+}
+
 func TestValidateErrorsNameTheKey(t *testing.T) {
 	host := HostFacts{DaemonFlavour: FlavourC, QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 8192}
 	cases := []struct {

@@ -20,6 +20,9 @@ type HostFacts struct {
 	// AgentSharesMemory: the agent transport the host resolved is hybrid
 	// vsock, a vhost-user device, so guest RAM is shared whatever shared_fs is.
 	AgentSharesMemory bool
+	// GuestRAMMemfd: shared guest RAM is a memfd (memfd_create works and
+	// file_mem_backend is unset), which /dev/shm's free space does not bound.
+	GuestRAMMemfd bool
 }
 
 // NeedsVirtioFS reports whether the effective shared_fs can end up running virtiofsd.
@@ -106,10 +109,10 @@ func Validate(c *Config, host HostFacts) error {
 	if q.DefaultMemory == 0 {
 		add(&Error{Key: "hypervisor.qemu.default_memory", Value: "0", Problem: "a VM needs memory",
 			Fix: "set it in MiB, e.g. 2048 (Kata's default)"})
-	} else if (c.NeedsSharedMemory() || host.AgentSharesMemory) && host.ShmProbed && sharesShm(q) && uint64(q.DefaultMemory) > host.ShmFreeMiB {
+	} else if (c.NeedsSharedMemory() || host.AgentSharesMemory) && host.ShmProbed && !host.GuestRAMMemfd && sharesShm(q) && uint64(q.DefaultMemory) > host.ShmFreeMiB {
 		add(&Error{Key: "hypervisor.qemu.default_memory", Value: fmt.Sprint(q.DefaultMemory),
-			Problem: fmt.Sprintf("vhost-user devices need guest RAM shared through /dev/shm, which has only %d MiB free", host.ShmFreeMiB),
-			Fix:     "lower default_memory or grow /dev/shm (mount -o remount,size=... /dev/shm)", Host: true})
+			Problem: fmt.Sprintf("vhost-user devices need guest RAM shared, here a file in /dev/shm, which has only %d MiB free", host.ShmFreeMiB),
+			Fix:     "lower default_memory or grow /dev/shm (mount -o remount,size=... /dev/shm); where memfd_create works, leaving file_mem_backend unset keeps guest RAM out of /dev/shm", Host: true})
 	}
 	if q.DefaultVCPUs < 1 {
 		add(&Error{Key: "hypervisor.qemu.default_vcpus", Value: fmt.Sprint(q.DefaultVCPUsRequested), Problem: "is not a number of vCPUs",

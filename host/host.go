@@ -8,11 +8,19 @@
 // agent_transport = "auto" takes, in order: vhost-vsock (as Kata on QEMU:
 // /dev/vhost-vsock opens and QEMU has vhost-vsock-pci), hybrid vsock
 // (QEMU has vhost-user-vsock-pci, served in process by kata-fsx, and guest
-// RAM can be shared through memfd or /dev/shm), then a virtio-serial port,
+// RAM can be shared, see GuestRAM), then a virtio-serial port,
 // which only kata-fsx's test agent speaks. "vsock" is Kata's meaning:
 // vhost-vsock, else hybrid vsock. An explicit choice that cannot work on
 // this host resolves to itself with TransportErr set, naming the key and
 // the fix: the refusal every pod gets, which env and check report.
+//
+// Guest RAM that vhost-user backends map is decided here too (guestRAM):
+// a share=on memfd wherever memfd_create works, unless file_mem_backend
+// names a directory, which keeps Kata's meaning (a share=on file there).
+// A memfd lives in no file system anyone else can write: a share=on file
+// in /dev/shm, Kata's default, lives in a tmpfs every local user can fill
+// (mode 1777), and a guest whose next page finds it full takes SIGBUS,
+// which kills QEMU. /dev/shm is the fallback only where memfd fails.
 package host
 
 import (
@@ -77,6 +85,15 @@ type Host struct {
 	ShmFreeMiB uint64
 	ShmErr     error
 
+	// GuestRAM is how guest RAM is backed in a pod whose RAM vhost-user
+	// backends map (virtio-fs, imagefs-blk, hybrid vsock):
+	// hypervisor.SharedMemoryMemfd, or hypervisor.SharedMemoryFile with
+	// the file in GuestRAMDir; hypervisor.SharedMemoryOff when it cannot
+	// be shared at all. GuestRAMReason says why.
+	GuestRAM       hypervisor.SharedMemory
+	GuestRAMDir    string
+	GuestRAMReason string
+
 	// Memory is /proc/meminfo's view, meaningful when MemoryErr is nil.
 	Memory    Memory
 	MemoryErr error
@@ -130,10 +147,12 @@ func Probe(ctx context.Context, c *config.Config) *Host {
 	} else {
 		h.ShmFreeMiB = st.Bavail * uint64(st.Bsize) >> 20
 	}
-	h.Transport, h.TransportReason, h.TransportErr = chooseTransport(c.KataFSX.AgentTransport, transportFacts{
+	tf := transportFacts{
 		caps: h.QEMU, vsock: h.Vsock, vsockWhy: h.VsockReason,
-		memfd: h.Memfd, memfdWhy: h.MemfdReason, shmErr: h.ShmErr,
-	})
+		memfd: h.Memfd, memfdWhy: h.MemfdReason, shmErr: h.ShmErr, fileMemBackend: q.FileMemBackend,
+	}
+	h.GuestRAM, h.GuestRAMDir, h.GuestRAMReason = tf.guestRAM()
+	h.Transport, h.TransportReason, h.TransportErr = chooseTransport(c.KataFSX.AgentTransport, tf)
 	h.Memory, h.MemoryErr = readMeminfo("/proc/meminfo")
 	h.System = probeSystem()
 	return h
@@ -149,6 +168,21 @@ type transportFacts struct {
 	memfd    bool
 	memfdWhy string
 	shmErr   error
+	// fileMemBackend is hypervisor.qemu.file_mem_backend.
+	fileMemBackend string
+}
+
+// guestRAM decides how shared guest RAM is backed; see the package doc.
+func (f transportFacts) guestRAM() (mem hypervisor.SharedMemory, dir, why string) {
+	switch {
+	case f.fileMemBackend != "":
+		return hypervisor.SharedMemoryFile, f.fileMemBackend, "a share=on file in " + f.fileMemBackend + " (hypervisor.qemu.file_mem_backend)"
+	case f.memfd:
+		return hypervisor.SharedMemoryMemfd, "", "a share=on memfd (no file system other users can fill)"
+	case f.shmErr == nil:
+		return hypervisor.SharedMemoryFile, "/dev/shm", "a share=on file in /dev/shm, as memfd_create fails (" + f.memfdWhy + "): every local user can fill /dev/shm, and a guest that then touches a new page dies of SIGBUS"
+	}
+	return hypervisor.SharedMemoryOff, "", fmt.Sprintf("guest RAM cannot be shared: %s, and %v", f.memfdWhy, f.shmErr)
 }
 
 // vhostVsock says whether vhost-vsock works, and why or why not.
@@ -168,13 +202,11 @@ func (f transportFacts) hybridVsock() (bool, string) {
 	if !f.has("vhost-user-vsock-pci") {
 		return false, "QEMU has no vhost-user-vsock-pci"
 	}
-	switch {
-	case f.shmErr == nil:
-		return true, "QEMU has vhost-user-vsock-pci and guest RAM can be shared through /dev/shm"
-	case f.memfd:
-		return true, "QEMU has vhost-user-vsock-pci and guest RAM can be shared through memfd"
+	mem, _, why := f.guestRAM()
+	if mem == hypervisor.SharedMemoryOff {
+		return false, fmt.Sprintf("the in-process vsock device cannot map guest RAM: %s", why)
 	}
-	return false, fmt.Sprintf("guest RAM cannot be shared with the in-process vsock device (%s; %v)", f.memfdWhy, f.shmErr)
+	return true, "QEMU has vhost-user-vsock-pci and guest RAM is shared: " + why
 }
 
 func (f transportFacts) has(device string) bool {
@@ -241,6 +273,7 @@ func (h *Host) Facts() config.HostFacts {
 		f.HostMemMiB = h.Memory.TotalKiB >> 10
 	}
 	f.AgentSharesMemory = h.TransportErr == nil && h.Transport == config.TransportHybridVsock
+	f.GuestRAMMemfd = h.GuestRAM == hypervisor.SharedMemoryMemfd
 	return f
 }
 

@@ -82,6 +82,9 @@ func TestProbeThisHost(t *testing.T) {
 	if !h.Memfd {
 		t.Errorf("memfd_create fails here: %s", h.MemfdReason)
 	}
+	if h.GuestRAM != hypervisor.SharedMemoryMemfd || h.GuestRAMDir != "" {
+		t.Errorf("guest RAM %s in %q (%s), want a memfd where memfd_create works", h.GuestRAM, h.GuestRAMDir, h.GuestRAMReason)
+	}
 	var st unix.Statfs_t
 	if err := unix.Statfs("/dev/shm", &st); err != nil {
 		if h.ShmErr == nil {
@@ -106,6 +109,7 @@ func TestProbeThisHost(t *testing.T) {
 	want := config.HostFacts{
 		DaemonFlavour: config.FlavourC, QEMUProbed: true, QEMUHasDAX: h.QEMU.DAX,
 		HostMemMiB: h.Memory.TotalKiB >> 10, ShmProbed: h.ShmErr == nil, ShmFreeMiB: h.ShmFreeMiB,
+		GuestRAMMemfd:     true, // memfd_create works here (checked above)
 		AgentSharesMemory: wantTransport == config.TransportHybridVsock,
 	}
 	if facts != want {
@@ -142,6 +146,35 @@ func TestProbeMissingBinaries(t *testing.T) {
 	}
 }
 
+// TestGuestRAM: a memfd wherever memfd_create works, so no other user's
+// files can take the room guest RAM grows into; file_mem_backend keeps
+// Kata's meaning, a share=on file in that directory; /dev/shm only where
+// memfd fails, saying what that risks.
+func TestGuestRAM(t *testing.T) {
+	shmGone := errors.New("statfs /dev/shm: no such file or directory")
+	noMemfd := "memfd_create: function not implemented"
+	cases := []struct {
+		name   string
+		f      transportFacts
+		mem    hypervisor.SharedMemory
+		dir    string
+		whyHas string
+	}{
+		{"memfd works", transportFacts{memfd: true}, hypervisor.SharedMemoryMemfd, "", "memfd"},
+		{"memfd works, no /dev/shm", transportFacts{memfd: true, shmErr: shmGone}, hypervisor.SharedMemoryMemfd, "", "memfd"},
+		{"file_mem_backend", transportFacts{memfd: true, fileMemBackend: "/dev/hugepages"}, hypervisor.SharedMemoryFile, "/dev/hugepages", "file_mem_backend"},
+		{"file_mem_backend without /dev/shm", transportFacts{fileMemBackend: "/srv/ram", shmErr: shmGone}, hypervisor.SharedMemoryFile, "/srv/ram", "/srv/ram"},
+		{"no memfd", transportFacts{memfdWhy: noMemfd}, hypervisor.SharedMemoryFile, "/dev/shm", "SIGBUS"},
+		{"neither", transportFacts{memfdWhy: noMemfd, shmErr: shmGone}, hypervisor.SharedMemoryOff, "", "cannot be shared"},
+	}
+	for _, tc := range cases {
+		mem, dir, why := tc.f.guestRAM()
+		if mem != tc.mem || dir != tc.dir || !strings.Contains(why, tc.whyHas) {
+			t.Errorf("%s: %s in %q (%s), want %s in %q saying %q", tc.name, mem, dir, why, tc.mem, tc.dir, tc.whyHas)
+		}
+	}
+}
+
 func TestChooseTransport(t *testing.T) {
 	all := &hypervisor.Caps{Devices: []string{"vhost-user-vsock-pci", "vhost-vsock-pci", "virtio-serial-pci"}}
 	noHybrid := &hypervisor.Caps{Devices: []string{"vhost-vsock-pci", "virtio-serial-pci"}}
@@ -161,9 +194,10 @@ func TestChooseTransport(t *testing.T) {
 		refused bool
 	}{
 		{"auto on a Kata host", config.TransportAuto, kataHost, config.TransportVsock, []string{"auto: vhost-vsock", "/dev/vhost-vsock opens"}, false},
-		{"auto without /dev/vhost-vsock", config.TransportAuto, thisHost, config.TransportHybridVsock, []string{"auto: no vhost-vsock (" + noDev + ")", "/dev/shm"}, false},
+		{"auto without /dev/vhost-vsock", config.TransportAuto, thisHost, config.TransportHybridVsock, []string{"auto: no vhost-vsock (" + noDev + ")", "memfd"}, false},
+		{"auto, /dev/shm only", config.TransportAuto, transportFacts{caps: all, vsockWhy: noDev, memfdWhy: "memfd_create: permission denied"}, config.TransportHybridVsock, []string{"/dev/shm"}, false},
 		{"auto, QEMU without vhost-vsock-pci", config.TransportAuto, transportFacts{caps: &hypervisor.Caps{Devices: []string{"vhost-user-vsock-pci"}}, vsock: true, memfd: true}, config.TransportHybridVsock, []string{"QEMU has no vhost-vsock-pci"}, false},
-		{"auto, memfd only", config.TransportAuto, transportFacts{caps: all, vsockWhy: noDev, memfd: true, shmErr: shmGone}, config.TransportHybridVsock, []string{"through memfd"}, false},
+		{"auto, memfd only", config.TransportAuto, transportFacts{caps: all, vsockWhy: noDev, memfd: true, shmErr: shmGone}, config.TransportHybridVsock, []string{"memfd"}, false},
 		{"auto, no shared memory", config.TransportAuto, noSharing, config.TransportVirtioSerial, []string{"guest RAM cannot be shared", "permission denied", "test agent"}, false},
 		{"auto, QEMU without vhost-user-vsock-pci", config.TransportAuto, transportFacts{caps: noHybrid, vsockWhy: noDev, memfd: true}, config.TransportVirtioSerial, []string{"no vhost-user-vsock-pci"}, false},
 		{"auto, QEMU not probed", config.TransportAuto, transportFacts{vsockWhy: noDev, memfd: true}, config.TransportHybridVsock, nil, false},

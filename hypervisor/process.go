@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kata-fsx/kata-fsx/childproc"
 	"github.com/kata-fsx/kata-fsx/hypervisor/qmp"
 )
 
@@ -161,18 +162,21 @@ func (vm *VM) launch(ctx context.Context) error {
 	out := io.MultiWriter(logFile, vm.stderr)
 	cmd.Stdout, cmd.Stderr = out, out
 	// Own process group: a ^C meant for kata-fsx must not kill the VM
-	// before Stop can shut it down in order.
+	// before Stop can shut it down in order. childproc adds the
+	// parent-death signal: a shim or `kata-fsx run` that dies, even by
+	// SIGKILL, takes its VM with it instead of leaving it to pid 1.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// Fds the argv names (vhostfd=): the child gets its own copies; the
 	// parent's stay the caller's, open until QEMU has exited.
 	cmd.ExtraFiles = vm.plan.ExtraFiles
-	if err := cmd.Start(); err != nil {
+	exited, err := childproc.Start(cmd)
+	if err != nil {
 		logFile.Close()
 		return fmt.Errorf("start %s: %w", vm.binary, err)
 	}
 	vm.cmd = cmd
 	go func() {
-		err := cmd.Wait()
+		err := <-exited
 		logFile.Close()
 		vm.waitErr = err
 		close(vm.exited)

@@ -396,11 +396,11 @@ func unredirect(h *netlink.Handle, l netlink.Link) error {
 
 // inNetNS runs fn on an OS thread that has entered ns, and brings the
 // thread back to its namespace before giving it back to the Go scheduler.
-// A thread must not simply exit instead: the kernel sends a child's
-// Pdeathsig when the thread that forked it exits, and the shim starts
-// virtiofsd with one (a goroutine-locked thread that exits would kill the
-// pod's virtiofsd had that thread forked it). Only a thread that cannot return to
-// its namespace is left locked, to die with the goroutine.
+// Only a thread that cannot return to its namespace is left locked, to
+// die with the goroutine. Ending it is safe for the pod's QEMU and
+// virtiofsd, which carry a parent-death signal the kernel sends when the
+// thread that forked them exits, only because package childproc forks
+// them from threads that never end this way.
 func inNetNS(ns netns.NsHandle, fn func() error) error {
 	done := make(chan error, 1)
 	go func() {

@@ -110,7 +110,7 @@ func (s *Sandbox) writeGuestCID(cid uint32) error {
 // HybridVsockSocket is the unix socket through which the agent of
 // sandbox id under configuration c is reached over hybrid vsock.
 func HybridVsockSocket(c *config.Config, id string) string {
-	return filepath.Join(c.KataFSX.StateDir, id, vsockDir, "hybrid.sock")
+	return filepath.Join(DirOf(c, id), vsockDir, "hybrid.sock")
 }
 
 // DialTransport is how another process (kata-fsx exec) reaches the agent
@@ -120,7 +120,7 @@ func DialTransport(c *config.Config, id string) (agent.Transport, error) {
 	if _, err := os.Stat(HybridVsockSocket(c, id)); err == nil {
 		return agent.HybridVsockTransport{Path: HybridVsockSocket(c, id)}, nil
 	}
-	cidFile := filepath.Join(c.KataFSX.StateDir, id, vsockDir, "guest-cid")
+	cidFile := filepath.Join(DirOf(c, id), vsockDir, "guest-cid")
 	if b, err := os.ReadFile(cidFile); err == nil {
 		cid, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 32)
 		if err != nil {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/kata-fsx/kata-fsx/agent"
 	"github.com/kata-fsx/kata-fsx/config"
-	"github.com/kata-fsx/kata-fsx/host"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
 )
 
@@ -122,21 +121,5 @@ func TestDialTransport(t *testing.T) {
 	os.WriteFile(HybridVsockSocket(cfg, "p"), nil, 0o600)
 	if tr, err := DialTransport(cfg, "p"); err != nil || tr != (agent.HybridVsockTransport{Path: HybridVsockSocket(cfg, "p")}) {
 		t.Errorf("hybrid vsock pod: %v, %v", tr, err)
-	}
-}
-
-// TestSharedMemory: Kata's file backend, memfd only where /dev/shm is
-// unusable and memfd works.
-func TestSharedMemory(t *testing.T) {
-	q := &config.QEMU{}
-	if m, p := sharedMemory(&host.Host{Memfd: true}, q); m != hypervisor.SharedMemoryFile || p != "" {
-		t.Errorf("default: %s %q", m, p)
-	}
-	if m, _ := sharedMemory(&host.Host{Memfd: true, ShmErr: errors.New("no /dev/shm")}, q); m != hypervisor.SharedMemoryMemfd {
-		t.Errorf("no /dev/shm: %s", m)
-	}
-	q.FileMemBackend = "/dev/hugepages"
-	if m, p := sharedMemory(&host.Host{ShmErr: errors.New("no /dev/shm")}, q); m != hypervisor.SharedMemoryFile || p != "/dev/hugepages" {
-		t.Errorf("file_mem_backend: %s %q", m, p)
 	}
 }

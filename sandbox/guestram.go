@@ -9,15 +9,18 @@ import (
 )
 
 // checkGuestRAM makes sure the file system that will hold the guest's RAM
-// file (hypervisor.GuestRAMDir: /dev/shm unless file_mem_backend says
-// otherwise) has room for all of it before the VM boots. RAM there is
-// allocated page by page as the guest touches it, so a file system that
-// runs out makes a later touch raise SIGBUS: in QEMU, which dies, and in
-// the shim's own vhost-user devices, which turn it into failed requests.
-// Refusing up front gives the operator an error naming the path and the
-// size instead. It cannot reserve the room (tmpfs has no reservation short
-// of allocating the memory), so pods that start together can still
-// overcommit it.
+// file, when it is a file (hypervisor.GuestRAMDir: file_mem_backend's
+// directory, or /dev/shm where memfd_create fails), has room for all of it
+// before the VM boots. RAM there is allocated page by page as the guest
+// touches it, so a file system that runs out makes a later touch raise
+// SIGBUS: in QEMU, which dies, and in the shim's own vhost-user devices,
+// which turn it into failed requests. Refusing up front gives the operator
+// an error naming the path and the size instead. It cannot reserve the
+// room (tmpfs has no reservation short of allocating the memory), so pods
+// that start together, or anyone else who may write there, can still take
+// it: that is why guest RAM is a memfd by default, which has no file
+// system of its own and is not checked (its pages come from the host's
+// memory, as anonymous RAM's would).
 func checkGuestRAM(vmc *hypervisor.VMConfig) error {
 	dir := hypervisor.GuestRAMDir(vmc)
 	if dir == "" {

@@ -32,9 +32,9 @@ func TestEnvReportsWhatThePodGets(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	base := "[hypervisor.qemu]\npath = \"" + qemu + "\"\nkernel = \"" + dir + "/vmlinux\"\ninitrd = \"" + dir + "/initrd.img\"\n" +
-		"virtio_fs_daemon = \"" + virtiofsd + "\"\ndefault_memory = 256\nshared_fs = \"virtio-fs\"\n" +
-		"[kata_fsx]\nstate_dir = \"" + filepath.Join(dir, "run") + "\"\n"
+	qemuTable := "[hypervisor.qemu]\npath = \"" + qemu + "\"\nkernel = \"" + dir + "/vmlinux\"\ninitrd = \"" + dir + "/initrd.img\"\n" +
+		"virtio_fs_daemon = \"" + virtiofsd + "\"\ndefault_memory = 256\n"
+	kataFSXTable := "[kata_fsx]\nstate_dir = \"" + filepath.Join(dir, "run") + "\"\n"
 	// Where /dev/vhost-vsock opens, auto and vsock are vhost-vsock; here
 	// (none) they are hybrid vsock, which this QEMU has.
 	vsock := config.TransportHybridVsock
@@ -42,18 +42,21 @@ func TestEnvReportsWhatThePodGets(t *testing.T) {
 		f.Close()
 		vsock = config.TransportVsock
 	}
-	cases := []struct{ name, kataFSX, transport string }{
-		{"defaults", "", vsock},
-		{"tcg, auto transport", "accelerator = \"tcg\"\nagent_transport = \"auto\"\n", vsock},
-		{"virtio-serial", "agent_transport = \"virtio-serial\"\n", config.TransportVirtioSerial},
-		{"vsock", "agent_transport = \"vsock\"\n", vsock},
-		{"hybrid-vsock", "agent_transport = \"hybrid-vsock\"\n", config.TransportHybridVsock},
-		{"kvm as written", "accelerator = \"kvm\"\n", ""},
+	virtioFS := "shared_fs = \"virtio-fs\"\n"
+	cases := []struct{ name, qemu, kataFSX, transport string }{
+		{"defaults", virtioFS, "", vsock},
+		{"tcg, auto transport", virtioFS, "accelerator = \"tcg\"\nagent_transport = \"auto\"\n", vsock},
+		{"virtio-serial", virtioFS, "agent_transport = \"virtio-serial\"\n", config.TransportVirtioSerial},
+		{"vsock", virtioFS, "agent_transport = \"vsock\"\n", vsock},
+		{"hybrid-vsock", virtioFS, "agent_transport = \"hybrid-vsock\"\n", config.TransportHybridVsock},
+		{"kvm as written", virtioFS, "accelerator = \"kvm\"\n", ""},
+		{"file_mem_backend", virtioFS + "file_mem_backend = \"" + dir + "\"\n", "", vsock},
+		{"virtio-9p over virtio-serial", "shared_fs = \"virtio-9p\"\n", "agent_transport = \"virtio-serial\"\n", config.TransportVirtioSerial},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			p := filepath.Join(dir, "configuration-"+string(rune('a'+i))+".toml")
-			if err := os.WriteFile(p, []byte(base+tc.kataFSX), 0o644); err != nil {
+			if err := os.WriteFile(p, []byte(qemuTable+tc.qemu+kataFSXTable+tc.kataFSX), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			var out, errb bytes.Buffer
@@ -89,6 +92,24 @@ func TestEnvReportsWhatThePodGets(t *testing.T) {
 			}[env.Agent.Transport]
 			if vmc.Agent.Transport != want {
 				t.Errorf("env reports transport %s (%s), the sandbox uses %s", env.Agent.Transport, env.Agent.TransportReason, vmc.Agent.Transport)
+			}
+			// Guest RAM as env reports it is what QEMU gets.
+			wantRAM := map[hypervisor.SharedMemory]string{hypervisor.SharedMemoryMemfd: "memfd", hypervisor.SharedMemoryFile: "file", hypervisor.SharedMemoryOff: "private"}[vmc.SharedMemory]
+			if env.Hypervisor.GuestRAM != wantRAM || env.Hypervisor.GuestRAMPath != hypervisor.GuestRAMDir(vmc) {
+				t.Errorf("env reports guest RAM %s in %q (%s), the sandbox gives QEMU %q in %q",
+					env.Hypervisor.GuestRAM, env.Hypervisor.GuestRAMPath, env.Hypervisor.GuestRAMReason, vmc.SharedMemory, hypervisor.GuestRAMDir(vmc))
+			}
+			// And QEMU's argv says the same: no file in /dev/shm unless asked.
+			built := *vmc
+			built.QMPSocket = filepath.Join(built.Dir, "qmp.sock") // hypervisor.Start's default
+			if args, err := hypervisor.BuildArgs(&built); err != nil {
+				t.Errorf("argv: %v", err)
+			} else {
+				argv := strings.Join(args, " ")
+				want := map[string]string{"memfd": "memory-backend-memfd,id=dimm1,size=256M,share=on", "file": "memory-backend-file,id=dimm1,size=256M,mem-path=" + env.Hypervisor.GuestRAMPath + ",share=on", "private": "-m 256M"}[wantRAM]
+				if !strings.Contains(argv, want) || (wantRAM != "file" && strings.Contains(argv, "mem-path=")) {
+					t.Errorf("argv lacks %q or names a mem-path: %s", want, argv)
+				}
 			}
 			if tc.transport != "" && env.Agent.Transport != tc.transport {
 				t.Errorf("env reports transport %s (%s), want %s on this host", env.Agent.Transport, env.Agent.TransportReason, tc.transport)

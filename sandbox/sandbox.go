@@ -317,7 +317,12 @@ func (s *Sandbox) plan(ctx context.Context, spec Spec) (*host.Host, *hypervisor.
 	// Hybrid vsock's device is a vhost-user backend like virtio-fs's and
 	// imagefs-blk's: it maps guest RAM.
 	if cfg.NeedsSharedMemory() || s.Decision.Backend == config.SharedFSImagefsBlk || h.Transport == config.TransportHybridVsock {
-		vmc.SharedMemory, vmc.MemPath = sharedMemory(h, q)
+		// The probe's choice, which env and check report: a memfd unless
+		// file_mem_backend names a directory or memfd_create fails.
+		if h.GuestRAM == hypervisor.SharedMemoryOff {
+			return nil, nil, fmt.Errorf("sandbox %s: vhost-user devices need shared guest RAM: %s", spec.ID, h.GuestRAMReason)
+		}
+		vmc.SharedMemory, vmc.MemPath = h.GuestRAM, h.GuestRAMDir
 		if err := checkGuestRAM(vmc); err != nil {
 			return nil, nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
@@ -332,19 +337,6 @@ func (s *Sandbox) plan(ctx context.Context, spec Spec) (*host.Host, *hypervisor.
 		vmc.Agent = hypervisor.AgentChannel{Transport: hypervisor.AgentSerial, SocketPath: AgentSocket(cfg, spec.ID)}
 	}
 	return h, vmc, nil
-}
-
-// sharedMemory backs guest RAM the way Kata does, with a share=on file
-// under file_mem_backend or /dev/shm; a host without a usable /dev/shm
-// gets a memfd, which host.Probe counted as shared memory too.
-func sharedMemory(h *host.Host, q *config.QEMU) (hypervisor.SharedMemory, string) {
-	switch {
-	case q.FileMemBackend != "":
-		return hypervisor.SharedMemoryFile, q.FileMemBackend
-	case h.ShmErr != nil && h.Memfd:
-		return hypervisor.SharedMemoryMemfd, ""
-	}
-	return hypervisor.SharedMemoryFile, ""
 }
 
 // guestImage is the configured guest image as the VM attaches it: sized
@@ -384,10 +376,17 @@ func imageMemoryLayout(q *config.QEMU, h *host.Host, img *hypervisor.RootImage) 
 	return slots, maxMiB
 }
 
+// DirOf is the directory of sandbox id under configuration c: everything
+// the pod has on the host (QEMU's directory, sockets, the shared
+// directory's mounts, disks) lives below it.
+func DirOf(c *config.Config, id string) string {
+	return filepath.Join(c.KataFSX.StateDir, id)
+}
+
 // AgentSocket is the unix socket QEMU listens on for the virtio-serial
 // agent channel of sandbox id under configuration c.
 func AgentSocket(c *config.Config, id string) string {
-	return filepath.Join(c.KataFSX.StateDir, id, "agent.sock")
+	return filepath.Join(DirOf(c, id), "agent.sock")
 }
 
 // newSandbox is a booting sandbox with nothing started yet; its directory
@@ -395,7 +394,7 @@ func AgentSocket(c *config.Config, id string) string {
 func newSandbox(ctx context.Context, id string, d config.Decision) *Sandbox {
 	s := &Sandbox{
 		ID: id, Decision: d, cfg: d.Config,
-		Dir:    filepath.Join(d.Config.KataFSX.StateDir, id),
+		Dir:    DirOf(d.Config, id),
 		state:  StateBooting,
 		failed: make(chan struct{}), stopping: make(chan struct{}), stopped: make(chan struct{}),
 		disks: map[string]*podDisk{}, volumes: map[string][]virtiofs.Volume{},

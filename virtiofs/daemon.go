@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/childproc"
 )
 
 // Process is a running virtiofsd serving one shared directory.
@@ -59,12 +61,16 @@ func Start(ctx context.Context, o Options, socketPath string) (*Process, error) 
 	p.cmd.ExtraFiles = []*os.File{f}
 	p.cmd.Stdout = p.stderr
 	p.cmd.Stderr = p.stderr
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
+	// childproc adds the parent-death signal, forked from a thread that
+	// lives as long as the daemon: the daemon dies with its owner, and
+	// only then.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	exited, err := childproc.Start(p.cmd)
+	if err != nil {
 		os.Remove(socketPath)
 		return nil, fmt.Errorf("start virtiofsd %s: %w", o.Daemon.Path, err)
 	}
-	go p.wait()
+	go p.wait(exited)
 	// A daemon that rejects its arguments exits at once; give it a moment
 	// to do so, so the error names the cause instead of a later hang.
 	select {
@@ -94,8 +100,8 @@ func listen(path string) (*net.UnixListener, error) {
 	return ln, nil
 }
 
-func (p *Process) wait() {
-	err := p.cmd.Wait()
+func (p *Process) wait(exited <-chan error) {
+	err := <-exited
 	p.mu.Lock()
 	stopping := p.stopping
 	p.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -199,5 +200,47 @@ func TestSharedDirBindsReachRunningDaemon(t *testing.T) {
 	}
 	if _, err := os.Stat(s.Root); !os.IsNotExist(err) {
 		t.Fatalf("shared dir left: %v", err)
+	}
+}
+
+// init keeps the main goroutine on the main thread. Go never ends the
+// main thread (a locked goroutine that exits there wedges it instead), so
+// a test goroutine that ran on it could not show what ending its thread
+// does to the children it forked.
+func init() { runtime.LockOSThread() }
+
+// TestDaemonOutlivesItsStarterThread: a daemon started from a goroutine
+// locked to a thread that Go then ends keeps serving. It carries a
+// parent-death signal, which must follow its owner process, not the
+// thread that happened to fork it.
+func TestDaemonOutlivesItsStarterThread(t *testing.T) {
+	d := cDaemon(t)
+	dir := t.TempDir()
+	shared := filepath.Join(dir, "shared-thread")
+	os.Mkdir(shared, 0o755)
+	type started struct {
+		p   *Process
+		err error
+	}
+	ch := make(chan started, 1)
+	go func() {
+		runtime.LockOSThread()
+		p, err := Start(context.Background(), Options{Daemon: d, SharedDir: shared, Cache: "auto"}, filepath.Join(dir, "s.sock"))
+		ch <- started{p, err}
+	}()
+	s := <-ch
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	defer s.p.Stop(context.Background())
+	// The starter's goroutine has ended and its thread with it; a daemon
+	// tied to that thread would have been SIGKILLed by now.
+	select {
+	case <-s.p.Done():
+		t.Fatalf("virtiofsd died with the thread that started it: %v", s.p.Err())
+	case <-time.After(time.Second):
+	}
+	if len(processesWithArg("source="+shared)) == 0 {
+		t.Fatal("virtiofsd not running")
 	}
 }
