@@ -136,6 +136,15 @@ func (s *Sandbox) createDisk(ctx context.Context, cid string, rootfs config.Root
 		}
 		return nil, fmt.Errorf("container %s: %w", cid, err)
 	}
+	// Said per pod so an operator (and the stress suite) can tell which
+	// pod of a new image paid for its metadata and which found it built.
+	if opts.CacheDir == "" {
+		log.G(ctx).WithField("sandbox", s.ID).Infof("container %s: imagefs-blk metadata synthesized privately in %s", cid, d.Build.Synthesis)
+	} else if d.Build.Shared {
+		log.G(ctx).WithField("sandbox", s.ID).Infof("container %s: imagefs-blk metadata found in the node's image store", cid)
+	} else {
+		log.G(ctx).WithField("sandbox", s.ID).Infof("container %s: imagefs-blk metadata built into the node's image store in %s", cid, d.Build.Synthesis)
+	}
 	s.diskBuilt(serveCtx, d, opts) // node caches: hold its blobs, prune in the background
 	pd := &podDisk{Disk: d, deviceID: fmt.Sprintf("imagefs-blk-%d", seq), stopServing: stopServing}
 	s.mu.Lock()

@@ -178,8 +178,12 @@ func (ce *containerdEnv) ctrIn(ctx context.Context, stdin io.Reader, args ...str
 // importBusybox writes the busybox rootfs as a docker-archive image and
 // imports it, so no registry is needed.
 func (ce *containerdEnv) importBusybox(t *testing.T) string {
-	const name = "kata-fsx.test/busybox:latest"
-	layer, err := registrytest.Tar(busyboxRootfs(t))
+	return ce.importRootfs(t, "kata-fsx.test/busybox:latest", busyboxRootfs(t))
+}
+
+// importRootfs imports the directory root as a one-layer image named name.
+func (ce *containerdEnv) importRootfs(t *testing.T, name, root string) string {
+	layer, err := registrytest.Tar(root)
 	if err != nil {
 		t.Fatalf("image layer: %v", err)
 	}
