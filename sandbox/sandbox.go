@@ -390,12 +390,19 @@ func AgentSocket(c *config.Config, id string) string {
 	return filepath.Join(c.KataFSX.StateDir, id, "agent.sock")
 }
 
+// DirOf is the directory sandbox id has under configuration c, known
+// before the sandbox exists: a shim records it before the boot, so that a
+// cleanup after the shim's death finds what a half-done boot started.
+func DirOf(c *config.Config, id string) string {
+	return filepath.Join(c.KataFSX.StateDir, id)
+}
+
 // newSandbox is a booting sandbox with nothing started yet; its directory
 // is under the state directory of the decision's configuration.
 func newSandbox(ctx context.Context, id string, d config.Decision) *Sandbox {
 	s := &Sandbox{
 		ID: id, Decision: d, cfg: d.Config,
-		Dir:    filepath.Join(d.Config.KataFSX.StateDir, id),
+		Dir:    DirOf(d.Config, id),
 		state:  StateBooting,
 		failed: make(chan struct{}), stopping: make(chan struct{}), stopped: make(chan struct{}),
 		disks: map[string]*podDisk{}, volumes: map[string][]virtiofs.Volume{},

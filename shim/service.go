@@ -289,6 +289,13 @@ func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskReques
 		}
 	}
 	sbSpec.PruneCaches = node.AutoPrune
+	// Recorded before the boot starts QEMU, virtiofsd and mounts: if this
+	// shim dies during the boot, containerd's `shim delete` finds the
+	// sandbox directory here and takes them down.
+	if err := writeBundleState(r.Bundle, bundleState{SandboxID: r.ID, SandboxDir: sandbox.DirOf(cfg, r.ID), OwnsSandbox: true}); err != nil {
+		sbCancel()
+		return nil, err
+	}
 	sb, err := sandbox.New(sbCtx, sbSpec)
 	close(booted)
 	if err != nil {
