@@ -172,6 +172,20 @@ bench-density: build guest
 	  KATA_FSX_DENSITY_OUT=$(TOP)/docs/bench/density.json $(GO) test -count=1 -timeout 120m -run '^TestDensityBench$$' -v .
 	$(GO) run ./test/bench/densitybench -doc docs/benchmarks.md docs/bench/density.json $(DENSITY_EARLIER)
 
+# The fault suite: TestFaultLoop's 30 pod lifecycles, each with one of
+# the pod's shim, QEMU, virtiofsd or containerd SIGKILLed at a random
+# point of create, start, exec or delete (FAULT_SEED replays a run; the
+# log prints the seed), writing its counts into docs/reliability.md
+# between the faults markers. Needs root, containerd and the guest kit
+# (make guest); ~15 min on 2 shared cores under TCG. make test runs
+# no part of it.
+FAULT_LIFECYCLES ?= 30
+FAULT_SEED       ?=
+.PHONY: faults
+faults: build
+	cd test/e2e && KATA_FSX_GUEST_DIR=$(GUESTDIR) KATA_FSX_FAULT_LIFECYCLES=$(FAULT_LIFECYCLES) KATA_FSX_FAULT_SEED=$(FAULT_SEED) \
+	  KATA_FSX_FAULT_REPORT=$(TOP)/docs/reliability.md $(GO) test -count=1 -timeout 60m -run '^TestFaultLoop$$' -v .
+
 # The test guest kit: kernel, initramfs and test agent, from Debian packages.
 # build.sh skips the work when its inputs are unchanged.
 guest:
