@@ -265,7 +265,7 @@ func (ce *containerdEnv) targetPids(id, target string) []int {
 // restarts containerd if it died and cleans up as an operator would. ran
 // says the pod reached RUNNING.
 func (ce *containerdEnv) faultLifecycle(t *testing.T, i int, id, backend string, plan faultPlan) (k faultKill, ran bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	k = faultKill{lifecycle: i, backend: backend, target: plan.target}
 	var outputs []string
@@ -424,7 +424,20 @@ func (ce *containerdEnv) faultLifecycle(t *testing.T, i int, id, backend string,
 // end: errors and a non-zero exit status.
 func (ce *containerdEnv) operatorCleanup(ctx context.Context, id string) []string {
 	var said []string
-	r := ce.ctr(ctx, "tasks", "delete", "-f", id)
+	dctx, cancel := context.WithTimeout(ctx, time.Minute)
+	r := ce.ctr(dctx, "tasks", "delete", "-f", id)
+	cancel()
+	if r.code == -1 {
+		// A forced delete that hangs is a finding; the operator's next
+		// step is to kill the shim, after which containerd's delete runs
+		// the shim's cleanup, so the loop can go on and count leftovers.
+		ce.t.Errorf("ctr tasks delete -f %s hung for a minute; killing its shim", id)
+		said = append(said, "delete -f hung")
+		for _, p := range ce.targetPids(id, faultShim) {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+		r = ce.ctr(ctx, "tasks", "delete", "-f", id)
+	}
 	out := strings.TrimSpace(r.stdout + " " + r.stderr)
 	if m := regexp.MustCompile(`exit code \d+`).FindString(out); m != "" && m != "exit code 0" {
 		said = append(said, "delete: "+m)
