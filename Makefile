@@ -177,8 +177,9 @@ bench-density: build guest
 # point of create, start, exec or delete (FAULT_SEED replays a run; the
 # log prints the seed), writing its counts into docs/reliability.md
 # between the faults markers. Needs root, containerd and the guest kit
-# (make guest); ~15 min on 2 shared cores under TCG. make test runs
-# no part of it.
+# (make guest); ~15 min (about 30 s a lifecycle) on 2 shared cores
+# under TCG, so make test runs no part of it (TestFaultLoop skips unless
+# KATA_FSX_FAULT_LIFECYCLES is set).
 FAULT_LIFECYCLES ?= 30
 FAULT_SEED       ?=
 .PHONY: faults
