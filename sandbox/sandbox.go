@@ -378,7 +378,9 @@ func imageMemoryLayout(q *config.QEMU, h *host.Host, img *hypervisor.RootImage) 
 
 // DirOf is the directory of sandbox id under configuration c: everything
 // the pod has on the host (QEMU's directory, sockets, the shared
-// directory's mounts, disks) lives below it.
+// directory's mounts, disks) lives below it. It is known before the
+// sandbox exists: a shim records it before the boot, so that a cleanup
+// after the shim's death finds what a half-done boot started.
 func DirOf(c *config.Config, id string) string {
 	return filepath.Join(c.KataFSX.StateDir, id)
 }

@@ -410,7 +410,14 @@ func deleteShim(ctx context.Context, f *shimFlags, warn io.Writer) (*taskapi.Del
 	st, err := readBundleState(f.bundle)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		// Create never got far enough to record anything.
+		// Create never got far enough to record anything, but the shim
+		// may have made its socket: remove it unless a server answers.
+		sock := socketPath(f.address, f.namespace, f.id)
+		if c, err := net.DialTimeout("unix", sock, time.Second); err == nil {
+			c.Close()
+		} else {
+			os.Remove(sock)
+		}
 	case err != nil:
 		errs = append(errs, err)
 	default:

@@ -225,7 +225,13 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 			cspec.Rootfs = config.Rootfs{Kind: config.RootfsImage, ImageRef: lazyroot.Prefix + remote.topRef()}
 		}
 	}
-	if err := sb.CreateContainer(ctx, cspec); err != nil {
+	cctx, ccancel := untilFailed(ctx, sb)
+	err = sb.CreateContainer(cctx, cspec)
+	ccancel()
+	if err != nil {
+		if !errors.Is(err, sandbox.ErrFailed) {
+			err = sb.Explain(err)
+		}
 		if !owns {
 			// Release the rootfs share; the pod and its other containers stay.
 			if rerr := sb.RemoveContainer(context.Background(), r.ID, 5*time.Second); rerr != nil {
@@ -289,6 +295,13 @@ func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskReques
 		}
 	}
 	sbSpec.PruneCaches = node.AutoPrune
+	// Recorded before the boot starts QEMU, virtiofsd and mounts: if this
+	// shim dies during the boot, containerd's `shim delete` finds the
+	// sandbox directory here and takes them down.
+	if err := writeBundleState(r.Bundle, bundleState{SandboxID: r.ID, SandboxDir: sandbox.DirOf(cfg, r.ID), OwnsSandbox: true}); err != nil {
+		sbCancel()
+		return nil, err
+	}
 	sb, err := sandbox.New(sbCtx, sbSpec)
 	close(booted)
 	if err != nil {
@@ -376,11 +389,13 @@ func (s *service) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.
 		return nil, errPrecondition("container %s: %v", r.ID, err)
 	}
 	a := sb.Agent()
+	actx, cancel := untilFailed(ctx, sb)
 	if r.ExecID == "" {
-		err = a.StartContainer(ctx, c.id)
+		err = a.StartContainer(actx, c.id)
 	} else {
-		err = s.execInGuest(ctx, c, p)
+		err = s.execInGuest(actx, c, p)
 	}
+	cancel()
 	if err != nil {
 		err = sb.Explain(err)
 		s.exited(p, sandbox.ExitNotExecutable)
@@ -409,6 +424,22 @@ func (s *service) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.
 		s.opts.events.send(&eventsapi.TaskExecStarted{ContainerID: c.id, ExecID: r.ExecID, Pid: s.pid()})
 	}
 	return &taskapi.StartResponse{Pid: s.pid()}, nil
+}
+
+// untilFailed is ctx, also cancelled when the sandbox fails. A guest whose
+// virtiofsd died stays up, but its processes hang on the dead share, and
+// with them an agent request that starts one: without this, Start would
+// wait forever and the process would never be reported exited.
+func untilFailed(ctx context.Context, sb *sandbox.Sandbox) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-sb.Failed():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // execInGuest starts an exec process in the agent from its recorded spec.

@@ -206,6 +206,11 @@ func runCmd(t *testing.T, cmd *exec.Cmd) result {
 	r := result{stdout: out.String(), stderr: errb.String(), took: time.Since(start)}
 	if ee, ok := err.(*exec.ExitError); ok {
 		r.code = ee.ExitCode()
+	} else if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		// Killed at its context's end: a hung command is the caller's
+		// finding, and a cleanup must go on past it.
+		r.code = -1
+		r.stderr += fmt.Sprintf("\n%v: %v", cmd.Args, err)
 	} else if err != nil {
 		t.Fatalf("%v: %v\n%s", cmd.Args, err, r.stderr)
 	}

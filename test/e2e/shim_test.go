@@ -32,6 +32,13 @@ type containerdEnv struct {
 	logMu *sync.Mutex
 	// version is the containerd it runs (KATA_FSX_CONTAINERD's, else Debian's).
 	version containerdVersion
+	// What startDaemon needs to start containerd again on the same root
+	// and state (a test that kills it restarts it), and the channel
+	// closed when the running daemon has exited.
+	cfgPath   string
+	daemonEnv []string
+	sockDir   string
+	exited    chan struct{}
 }
 
 type lockedWriter struct {
@@ -74,19 +81,14 @@ func newContainerdEnvFor(t *testing.T, newEnv func() *env) *containerdEnv {
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(containerdBin("containerd"), "--config", cfgPath)
-	cmd.Env = append(os.Environ(), containerdPATH(filepath.Dir(shim)), "KATA_FSX_SHIM_SOCKET_DIR="+sockDir)
-	cmd.Stdout = lockedWriter{ce.logMu, ce.log}
-	cmd.Stderr = lockedWriter{ce.logMu, ce.log}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ce.cmd = cmd
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
+	ce.cfgPath = cfgPath
+	ce.daemonEnv = append(os.Environ(), containerdPATH(filepath.Dir(shim)), "KATA_FSX_SHIM_SOCKET_DIR="+sockDir)
+	ce.sockDir = sockDir
 	// Registered after newEnv's leftover check, so it runs first.
 	t.Cleanup(func() {
+		if ce.cmd == nil {
+			return
+		}
 		// A test that failed half-way leaves tasks: shims outlive
 		// containerd by design, so take them down through it first.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -106,12 +108,12 @@ func newContainerdEnvFor(t *testing.T, newEnv func() *env) *containerdEnv {
 			t.Logf("shims still running 30 s after their pods: %v", left)
 		}
 		scancel()
-		cmd.Process.Signal(syscall.SIGTERM)
+		ce.cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-exited:
+		case <-ce.exited:
 		case <-time.After(20 * time.Second):
-			cmd.Process.Kill()
-			<-exited
+			ce.cmd.Process.Kill()
+			<-ce.exited
 		}
 		if t.Failed() || os.Getenv("KATA_FSX_SHOW_CONTAINERD_LOG") != "" {
 			t.Logf("containerd log (tail):\n%s", ce.logTail(12000))
@@ -121,6 +123,30 @@ func newContainerdEnvFor(t *testing.T, newEnv func() *env) *containerdEnv {
 			os.Remove(s)
 		}
 	})
+	ce.startDaemon(t)
+	// The CRI plugin accepting the runtime's table is what the deploy/ snippet relies on.
+	if p := ce.ctr(context.Background(), "plugins", "ls"); !regexp.MustCompile(`(?m)^io\.containerd\.grpc\.v1\s+cri\s+\S+\s+ok`).MatchString(p.stdout) {
+		t.Fatalf("CRI plugin did not load with the kata-fsx runtime table:\n%s\n%s", p.stdout, ce.logTail(3000))
+	}
+	ce.image = ce.importBusybox(t)
+	return ce
+}
+
+// startDaemon starts containerd with the env's configuration (its root
+// and state under the env's directory) and waits until it serves.
+func (ce *containerdEnv) startDaemon(t *testing.T) {
+	t.Helper()
+	cmd := exec.Command(containerdBin("containerd"), "--config", ce.cfgPath)
+	cmd.Env = ce.daemonEnv
+	cmd.Stdout = lockedWriter{ce.logMu, ce.log}
+	cmd.Stderr = lockedWriter{ce.logMu, ce.log}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	ce.cmd, ce.exited = cmd, exited
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if out, err := exec.Command(containerdBin("ctr"), "-a", ce.sock, "version").CombinedOutput(); err == nil {
@@ -134,12 +160,6 @@ func newContainerdEnvFor(t *testing.T, newEnv func() *env) *containerdEnv {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	// The CRI plugin accepting the runtime's table is what the deploy/ snippet relies on.
-	if p := ce.ctr(context.Background(), "plugins", "ls"); !regexp.MustCompile(`(?m)^io\.containerd\.grpc\.v1\s+cri\s+\S+\s+ok`).MatchString(p.stdout) {
-		t.Fatalf("CRI plugin did not load with the kata-fsx runtime table:\n%s\n%s", p.stdout, ce.logTail(3000))
-	}
-	ce.image = ce.importBusybox(t)
-	return ce
 }
 
 func (ce *containerdEnv) logTail(n int) string {
