@@ -89,6 +89,9 @@ type Store struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// mu guards closed and the layer tables. It comes after a layer's mu
+	// (startRunLocked) and before memTier.mu, and is never held across
+	// I/O or a wait: see the package's lock order.
 	mu     sync.Mutex
 	closed bool
 	layers map[string]*layer // by DiffID
@@ -96,9 +99,10 @@ type Store struct {
 	order  []*layer          // in the order added, for Fill
 
 	tracing atomic.Bool
-	tmu     sync.Mutex
-	tseen   map[TraceEntry]bool
-	tlog    []TraceEntry
+	// tmu guards the trace; it is taken with no other lock held.
+	tmu   sync.Mutex
+	tseen map[TraceEntry]bool
+	tlog  []TraceEntry
 }
 
 // Open makes a Store; with opts.Dir it creates <Dir>/layers for the node
