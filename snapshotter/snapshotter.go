@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -29,6 +30,8 @@ import (
 	"github.com/containerd/continuity/fs"
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
+	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/content/layerdir"
@@ -46,6 +49,10 @@ const (
 	// digest.
 	LabelRemote = "containerd.io/snapshot/kata-fsx.remote"
 )
+
+// metaLockWait bounds New's wait for the metadata database's lock, which
+// a snapshotter that is stopping may still hold for a moment.
+var metaLockWait = 10 * time.Second
 
 // Options configure New.
 type Options struct {
@@ -89,9 +96,25 @@ func New(o Options) (*Snapshotter, error) {
 	if err := os.MkdirAll(o.Root, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshotter root: %w", err)
 	}
-	ms, err := storage.NewMetaStore(filepath.Join(o.Root, "metadata.db"))
+	dbPath := filepath.Join(o.Root, "metadata.db")
+	ms, err := storage.NewMetaStore(dbPath, func(bo *bolt.Options) error {
+		bo.Timeout = metaLockWait
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("snapshotter metadata %s: %w", filepath.Join(o.Root, "metadata.db"), err)
+		return nil, fmt.Errorf("snapshotter metadata %s: %w", dbPath, err)
+	}
+	// The database is flocked for as long as a snapshotter has it open,
+	// and the MetaStore opens it at its first transaction, under a mutex
+	// every later transaction takes: without the bound, and the open here,
+	// a second snapshotter on this root would start and then hang every
+	// request it serves behind the first one's lock.
+	if err := ms.WithTransaction(context.Background(), false, func(context.Context) error { return nil }); err != nil {
+		ms.Close()
+		if errors.Is(err, bolterrors.ErrTimeout) {
+			return nil, fmt.Errorf("snapshotter metadata %s: still locked after %v: another process (a snapshotter on root %s?) has it open", dbPath, metaLockWait, o.Root)
+		}
+		return nil, fmt.Errorf("snapshotter metadata %s: %w", dbPath, err)
 	}
 	inner, err := overlay.NewSnapshotter(o.Root, overlay.WithMetaStore(ms))
 	if err != nil {
