@@ -69,7 +69,12 @@ type Options struct {
 // Snapshotter is containerd's overlayfs snapshotter with remote layers. It
 // is safe for concurrent use.
 type Snapshotter struct {
-	inner      snapshots.Snapshotter
+	inner snapshots.Snapshotter
+	// ms is the metadata database, flocked by this process for its life
+	// (New). Each call opens and ends its own transactions, never one
+	// inside another: a walk's callback opens none, as a write transaction
+	// that grows the file waits for every open read transaction, the
+	// walk's included.
 	ms         *storage.MetaStore
 	root       string
 	remote     bool
@@ -80,7 +85,13 @@ type Snapshotter struct {
 	cancel     context.CancelFunc // ends the resolver's resolves
 
 	// layers orders a remote layer's commit against the release of its
-	// store files by the Remove of its last snapshot.
+	// store files by the Remove of its last snapshot. Lock order: layers,
+	// then the metadata database's transactions, then (Remove) the node
+	// store's locks of the layer, which content/store.RemoveLayer waits
+	// for at most initLockWait. No holder of a transaction or of a store
+	// lock waits for layers, and the image resolve a Prepare waits for is
+	// over before it takes layers, so a holder waits only for the database
+	// and for those bounded file locks.
 	layers sync.Mutex
 }
 
