@@ -92,10 +92,19 @@ type service struct {
 	opts serviceOptions
 
 	// bootMu serializes sandbox creation without holding mu across the
-	// VM boot, so State and Wait stay answerable meanwhile.
+	// VM boot, so State and Wait stay answerable meanwhile. Lock order:
+	// bootMu, then mu. Only Create takes bootMu, and holds it across the
+	// boot and the container's creation, whose waits (the VM, the agent,
+	// disk builds and their node cache locks) are bounded by its request's
+	// context or the sandbox's and never wait for bootMu: a second Create
+	// waits as long as the first one's, whatever its own context says.
 	bootMu sync.Mutex
 
-	mu         sync.Mutex // guards the fields below
+	// mu guards the fields below. It is held only to read or change them
+	// (and a process's state, whose mu comes after it), never across a
+	// request to the guest, an event send or any other wait, so a request
+	// of the pod never waits for another one's I/O.
+	mu         sync.Mutex
 	sandbox    *sandbox.Sandbox
 	sbCancel   context.CancelFunc
 	containers map[string]*container
