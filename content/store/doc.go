@@ -78,7 +78,9 @@
 // fetch or a wait for another goroutine, so no holder can wait, however
 // indirectly, on another holder: opening a layer's files, which may wait
 // for another process, runs outside Store.mu (AddLayer), and reads wait
-// for fetches on each fetch's channel with their own deadline.
+// for a fetch, or for a span another read is inflating, on its channel,
+// each within its own deadline; Fill and Prefetch wait the same way
+// within their context.
 //
 // Across processes (and between Stores of one process: OFD locks conflict
 // between open file descriptions, and go with the description when it is
