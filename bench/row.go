@@ -410,6 +410,8 @@ func tailOf(path string, n int) string {
 // the stall limit: a guest stuck on a lost request would otherwise hold the
 // row until its timeout.
 type stallWatch struct {
+	// mu guards the fields below, a leaf lock: the timer's callback
+	// cancels the boot after releasing it.
 	mu     sync.Mutex
 	timer  *time.Timer
 	limit  time.Duration

@@ -263,7 +263,10 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 		return 1, err
 	}
 	fmt.Fprintf(stderr, "kata-fsx run: sandbox %s: backend %s (%s)\n", sb.ID, sb.Decision.Backend, sb.Decision.Reason)
-	var statsMu sync.Mutex // the output pump records the first output
+	// statsMu guards stats: the output pump records the first output.
+	// Its holders sample /proc and the lazy store's counters and write the
+	// stats file, waiting for nothing that takes statsMu.
+	var statsMu sync.Mutex
 	stats := &sandbox.RunStats{SandboxID: sb.ID, Backend: sb.Decision.Backend, Reason: sb.Decision.Reason,
 		ReadySeconds: time.Since(r.began).Seconds(), AtReady: sb.Sample()}
 	if r.lazy != nil {

@@ -59,6 +59,8 @@ func runSnapshotter(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err := config.ValidateSnapshotter(cfg); err != nil {
 		return fail(fmt.Errorf("%s: %w", cfg.Path, err))
 	}
+	// mu keeps log lines whole; a leaf lock, held for one write to
+	// stderr, which callers may do holding their own locks.
 	var mu sync.Mutex
 	logf := func(format string, args ...any) {
 		mu.Lock()

@@ -90,8 +90,10 @@ func (s HotplugSlot) Props() map[string]any { return map[string]any{"bus": s.Bus
 type HotplugAllocator struct {
 	bus        string
 	bridgePath PCIPath
-	mu         sync.Mutex
-	used       []bool // index = slot; slot 0 stays unused
+	// mu guards used alone, a leaf lock: taking and releasing a slot
+	// wait for nothing.
+	mu   sync.Mutex
+	used []bool // index = slot; slot 0 stays unused
 }
 
 func newHotplugAllocator(bus string, bridgePath PCIPath, slots int) *HotplugAllocator {

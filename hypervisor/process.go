@@ -369,6 +369,8 @@ func (vm *VM) kill() {
 
 // tailBuffer keeps the last max bytes written to it.
 type tailBuffer struct {
+	// mu is a leaf lock, held for a copy: QEMU's output pipe writes
+	// under it, readers take a string.
 	mu  sync.Mutex
 	max int
 	buf []byte

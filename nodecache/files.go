@@ -75,6 +75,10 @@ var errReplaced = errors.New("replaced while opening it")
 
 // LockShared takes a shared flock on f, the cache file at p, held for as
 // long as f stays open: a pruner's RemoveUnlocked then refuses the entry.
+// It waits (flock(2) takes no deadline) only while RemoveUnlocked or
+// HeldShared holds the lock exclusive, which they take without waiting
+// and keep for an lstat and an unlink at most; the caller's own locks
+// are no concern, as those holders wait for nothing.
 // It re-checks after locking that p still names f, as a prune may have
 // unlinked it in between: a removed file is fs.ErrNotExist, one replaced
 // errReplaced (open again). It stamps the file as used (Touch).
@@ -311,6 +315,7 @@ func (u *Union) Remove(ctx context.Context, key string) error {
 // TryLock takes the exclusive flock of the file p (created if need be)
 // without waiting: ok is false when another process holds it. Automatic
 // prunes take one so that two shims do not prune the same caches at once.
+// As nobody waits for such a lock, its holder may wait for anything.
 func TryLock(p string) (unlock func(), ok bool, err error) {
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return nil, false, err

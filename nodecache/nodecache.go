@@ -4,6 +4,20 @@
 // running pod holds them, and Prune removes the least recently used
 // entries nobody holds until the cache fits. Each cache's own package
 // implements Cache, because only it knows its files and its locks.
+//
+// Lock order. A cache's users hold its entries' locks shared (a flock, or
+// the content store's OFD read lock on a chunk map) for as long as they
+// use them, and wait for them only while a removal holds them exclusive.
+// A removal (Cache.Remove, HeldShared, Entries' in-use checks) takes the
+// exclusive lock without waiting, an entry held shared being ErrInUse,
+// and keeps it only to rename or unlink what it names. So a user waits
+// only for a removal that waits for nothing, and a removal never waits for
+// a user: neither can wait, through the other, on a holder of its own.
+// Prune takes no lock of its own; an automatic prune holds the node's
+// prune lock (node.AutoPrune), which everyone else tries without waiting.
+// The one removal that waits is the content store's, for its layer's
+// header and chunk locks, which users hold only while they open the layer
+// or fetch a chunk: within initLockWait in all and the prune's context.
 package nodecache
 
 import (

@@ -105,7 +105,11 @@ type Sandbox struct {
 	daemonErr error
 	// volMu serialises the start of an imagefs-blk pod's volumes share;
 	// volumesGuestDir is where the guest finds that share ("" until then)
-	// and volFS its hot-plugged device.
+	// and volFS its hot-plugged device. Lock order: volMu, then mu. It is
+	// held across the start of the volumes' virtiofsd and its hot-plug,
+	// waits bounded by the creating request's context, so a second
+	// container's volumes wait that long, whatever their own context; no
+	// holder of mu waits for volMu (a metrics scrape only tries it).
 	volMu           sync.Mutex
 	volumesGuestDir string
 	volFS           *hypervisor.PluggedFS
@@ -115,7 +119,12 @@ type Sandbox struct {
 	life     context.Context
 	lifeStop context.CancelFunc
 
-	mu      sync.Mutex // guards the fields below
+	// mu guards the fields below. It is the last lock taken and is held
+	// only to read or change them, never across a request to the guest
+	// or QEMU, a build or a wait: Stop, the watchers and the requests
+	// that wait for one another (Stop's second caller, s.watchers) do so
+	// with mu released.
+	mu      sync.Mutex
 	state   State
 	failErr error // why the sandbox failed; set on the move to StateFailed
 	stopErr error // what Stop could not clean up; set on the move to StateStopped

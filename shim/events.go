@@ -31,8 +31,14 @@ type forwarder struct {
 	ch        chan proto.Message
 	done      chan struct{}
 	closeOnce sync.Once
-	mu        sync.Mutex // guards closed, so send never writes to a closed channel
-	closed    bool
+	// mu guards closed, so send never writes to a closed channel; it is
+	// held across that send, which waits while the queue is full. The
+	// wait is bounded: the forwarder goroutine takes no lock and ends
+	// each publish within twice publishTimeout (the dial, then Forward),
+	// and no caller of send holds another lock (the service releases its
+	// mu first). Close waits for such a sender the same way.
+	mu     sync.Mutex
+	closed bool
 }
 
 // newForwarder starts the forwarder; with no TTRPC_ADDRESS events are only logged.

@@ -93,6 +93,9 @@ type process struct {
 	// agentProcess is an exec's process as the agent takes it, kept from Exec to Start.
 	agentProcess *pb.Process
 
+	// mu guards the fields below; it is the last lock taken (the
+	// service's mu may be held) and nothing waits under it: closing
+	// waitBlock wakes its waiters without waiting for them.
 	mu         sync.Mutex
 	state      procState
 	exitStatus uint32
@@ -106,7 +109,12 @@ type process struct {
 	// stdin forwards the stdin fifo to the guest; nil without one.
 	stdin *stdinPump
 
-	ioMu     sync.Mutex // guards ioCancel and closers: exits and kills race with each other
+	// ioMu guards ioCancel and closers: exits and kills race with each
+	// other. It is taken with no other lock held and held across closing
+	// the fifos, which does not wait for containerd's end: a fifo whose
+	// open is still pending is closed by opening its other end without
+	// blocking. The output copies and the stdin pump never take it.
+	ioMu     sync.Mutex
 	ioCancel context.CancelFunc
 	copies   sync.WaitGroup
 	closers  []io.Closer
@@ -266,6 +274,10 @@ type stdinPump struct {
 	raw  syscall.RawConn
 	done chan struct{} // closed when run returns
 
+	// mu is held for non-blocking steps only: a read of the fifo that
+	// returns EAGAIN rather than wait (raw.Read waits for readiness with
+	// mu released), the FIONREAD of drained, the flags; never across the
+	// write to the guest, so CloseIO never waits for the agent under it.
 	mu      sync.Mutex
 	opened  bool // the fifo is open (a read was attempted)
 	busy    bool // a chunk was read and is not yet in the guest

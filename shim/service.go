@@ -92,10 +92,19 @@ type service struct {
 	opts serviceOptions
 
 	// bootMu serializes sandbox creation without holding mu across the
-	// VM boot, so State and Wait stay answerable meanwhile.
+	// VM boot, so State and Wait stay answerable meanwhile. Lock order:
+	// bootMu, then mu. Only Create takes bootMu, and holds it across the
+	// boot and the container's creation, whose waits (the VM, the agent,
+	// disk builds and their node cache locks) are bounded by its request's
+	// context or the sandbox's and never wait for bootMu: a second Create
+	// waits as long as the first one's, whatever its own context says.
 	bootMu sync.Mutex
 
-	mu         sync.Mutex // guards the fields below
+	// mu guards the fields below. It is held only to read or change them
+	// (and a process's state, whose mu comes after it), never across a
+	// request to the guest, an event send or any other wait, so a request
+	// of the pod never waits for another one's I/O.
+	mu         sync.Mutex
 	sandbox    *sandbox.Sandbox
 	sbCancel   context.CancelFunc
 	containers map[string]*container
@@ -617,24 +626,34 @@ func (s *service) Exec(ctx context.Context, r *taskapi.ExecProcessRequest) (*emp
 	if err != nil {
 		return nil, errInvalid("exec %s: %v", r.ExecID, err)
 	}
+	if err := s.addExec(r, agentProcess); err != nil {
+		return nil, err
+	}
+	// Sent with mu released: send waits while the event queue is full,
+	// and every request of the pod takes mu.
+	s.opts.events.send(&eventsapi.TaskExecAdded{ContainerID: r.ID, ExecID: r.ExecID})
+	return &emptypb.Empty{}, nil
+}
+
+// addExec records the exec r adds to its running container.
+func (s *service) addExec(r *taskapi.ExecProcessRequest, agentProcess *pb.Process) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c, ok := s.containers[r.ID]
 	if !ok {
-		return nil, errNotFound("container %s not found", r.ID)
+		return errNotFound("container %s not found", r.ID)
 	}
 	if st, _, _ := c.init.status(); st != procRunning {
-		return nil, errPrecondition("container %s is %s: exec needs it running", r.ID, st)
+		return errPrecondition("container %s is %s: exec needs it running", r.ID, st)
 	}
 	if _, ok := c.execs[r.ExecID]; ok {
-		return nil, errAlreadyExists("exec %s already exists in container %s", r.ExecID, r.ID)
+		return errAlreadyExists("exec %s already exists in container %s", r.ExecID, r.ID)
 	}
 	c.execSeq++
 	p := newProcess(r.ID, r.ExecID, fmt.Sprintf("%s.%d", r.ExecID, c.execSeq), stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal})
 	c.execs[r.ExecID] = p
 	p.agentProcess = agentProcess
-	s.opts.events.send(&eventsapi.TaskExecAdded{ContainerID: r.ID, ExecID: r.ExecID})
-	return &emptypb.Empty{}, nil
+	return nil
 }
 
 // State reports a process's state.

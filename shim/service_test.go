@@ -520,3 +520,65 @@ func TestPauseUpdateStatsRefusals(t *testing.T) {
 		t.Errorf("State of a paused task: %v %v", st, err)
 	}
 }
+
+// TestExecEventDoesNotHoldThePod: an Exec whose TaskExecAdded waits for
+// room in a full event queue (containerd slow or gone) leaves the pod's
+// requests answerable meanwhile, the new exec's own included.
+func TestExecEventDoesNotHoldThePod(t *testing.T) {
+	// A forwarder whose queue has no room and no reader: every send waits.
+	ev := &forwarder{namespace: "ns", ch: make(chan proto.Message), done: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	s := newService(ctx, serviceOptions{namespace: "ns", group: "c1", events: ev})
+	c := &container{id: "c1", init: newProcess("c1", "", "c1", stdio{}), execs: map[string]*process{}}
+	if err := c.init.setRunning(); err != nil {
+		t.Fatal(err)
+	}
+	s.containers["c1"] = c
+	execDone := make(chan error, 1)
+	go func() {
+		_, err := s.Exec(ctx, &taskapi.ExecProcessRequest{ID: "c1", ExecID: "e1", Spec: &anypb.Any{Value: []byte(`{"args":["true"],"cwd":"/"}`)}})
+		execDone <- err
+	}()
+	// The bound only turns a hang into a failure.
+	bound, stop := context.WithTimeout(ctx, time.Minute)
+	defer stop()
+	// The exec's State is NotFound until Exec records it, and must then
+	// answer while the exec's event waits for the queue.
+	for {
+		st := make(chan error, 1)
+		go func() {
+			_, err := s.State(ctx, &taskapi.StateRequest{ID: "c1", ExecID: "e1"})
+			st <- err
+		}()
+		var err error
+		select {
+		case err = <-st:
+		case <-bound.Done():
+			t.Fatal("State did not answer while an Exec's event waited for room in the event queue")
+		}
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.NotFound {
+			t.Fatalf("State of the exec being added: %v", err)
+		}
+	}
+	select {
+	case err := <-execDone:
+		t.Fatalf("Exec returned (%v) before its event was taken from a full queue", err)
+	default:
+	}
+	var queued proto.Message
+	select {
+	case queued = <-ev.ch:
+	case <-bound.Done():
+		t.Fatal("Exec never queued its event")
+	}
+	if e, ok := queued.(*eventsapi.TaskExecAdded); !ok || e.ContainerID != "c1" || e.ExecID != "e1" {
+		t.Fatalf("queued event %v, want TaskExecAdded of c1/e1", queued)
+	}
+	if err := <-execDone; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -28,6 +28,10 @@ type resolver struct {
 	// life ends with the snapshotter: resolves in flight stop.
 	life context.Context
 
+	// mu guards the tables; it is never held across a resolve or a wait.
+	// A caller waits for a resolve on its done channel, within its own
+	// context; the resolve itself runs within resolveTimeout and the
+	// snapshotter's life, holding no lock.
 	mu     sync.Mutex
 	images map[string]*resolve // by HOST/REPO@MANIFEST
 	order  []string            // finished resolves, oldest first

@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -29,6 +30,8 @@ import (
 	"github.com/containerd/continuity/fs"
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
+	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/content/layerdir"
@@ -47,6 +50,10 @@ const (
 	LabelRemote = "containerd.io/snapshot/kata-fsx.remote"
 )
 
+// metaLockWait bounds New's wait for the metadata database's lock, which
+// a snapshotter that is stopping may still hold for a moment.
+var metaLockWait = 10 * time.Second
+
 // Options configure New.
 type Options struct {
 	// Root holds the snapshots and their metadata database.
@@ -62,7 +69,12 @@ type Options struct {
 // Snapshotter is containerd's overlayfs snapshotter with remote layers. It
 // is safe for concurrent use.
 type Snapshotter struct {
-	inner      snapshots.Snapshotter
+	inner snapshots.Snapshotter
+	// ms is the metadata database, flocked by this process for its life
+	// (New). Each call opens and ends its own transactions, never one
+	// inside another: a walk's callback opens none, as a write transaction
+	// that grows the file waits for every open read transaction, the
+	// walk's included.
 	ms         *storage.MetaStore
 	root       string
 	remote     bool
@@ -73,7 +85,13 @@ type Snapshotter struct {
 	cancel     context.CancelFunc // ends the resolver's resolves
 
 	// layers orders a remote layer's commit against the release of its
-	// store files by the Remove of its last snapshot.
+	// store files by the Remove of its last snapshot. Lock order: layers,
+	// then the metadata database's transactions, then (Remove) the node
+	// store's locks of the layer, which content/store.RemoveLayer waits
+	// for at most initLockWait. No holder of a transaction or of a store
+	// lock waits for layers, and the image resolve a Prepare waits for is
+	// over before it takes layers, so a holder waits only for the database
+	// and for those bounded file locks.
 	layers sync.Mutex
 }
 
@@ -89,9 +107,25 @@ func New(o Options) (*Snapshotter, error) {
 	if err := os.MkdirAll(o.Root, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshotter root: %w", err)
 	}
-	ms, err := storage.NewMetaStore(filepath.Join(o.Root, "metadata.db"))
+	dbPath := filepath.Join(o.Root, "metadata.db")
+	ms, err := storage.NewMetaStore(dbPath, func(bo *bolt.Options) error {
+		bo.Timeout = metaLockWait
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("snapshotter metadata %s: %w", filepath.Join(o.Root, "metadata.db"), err)
+		return nil, fmt.Errorf("snapshotter metadata %s: %w", dbPath, err)
+	}
+	// The database is flocked for as long as a snapshotter has it open,
+	// and the MetaStore opens it at its first transaction, under a mutex
+	// every later transaction takes: without the bound, and the open here,
+	// a second snapshotter on this root would start and then hang every
+	// request it serves behind the first one's lock.
+	if err := ms.WithTransaction(context.Background(), false, func(context.Context) error { return nil }); err != nil {
+		ms.Close()
+		if errors.Is(err, bolterrors.ErrTimeout) {
+			return nil, fmt.Errorf("snapshotter metadata %s: still locked after %v: another process (a snapshotter on root %s?) has it open", dbPath, metaLockWait, o.Root)
+		}
+		return nil, fmt.Errorf("snapshotter metadata %s: %w", dbPath, err)
 	}
 	inner, err := overlay.NewSnapshotter(o.Root, overlay.WithMetaStore(ms))
 	if err != nil {

@@ -679,3 +679,44 @@ func TestListenRefusesLiveSocket(t *testing.T) {
 	}
 	l2.Close()
 }
+
+// TestSecondSnapshotterOnRoot: a snapshotter holds its root's metadata
+// database for as long as it runs; a second one on the same root is
+// refused when it starts, instead of starting and then hanging every
+// request behind the first one's lock. Once the first stops, the root
+// opens again.
+func TestSecondSnapshotterOnRoot(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "root")
+	cfg := config.Default()
+	first, err := New(Options{Root: root, Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	ctx := context.Background()
+	if _, err := first.Stat(ctx, "none"); !errdefs.IsNotFound(err) {
+		t.Fatalf("Stat of no snapshot: %v", err)
+	}
+	wait := metaLockWait
+	metaLockWait = 100 * time.Millisecond
+	defer func() { metaLockWait = wait }()
+	second, err := New(Options{Root: root, Config: cfg})
+	if err == nil {
+		second.Close()
+		t.Fatal("a second snapshotter started on the root another one has open")
+	}
+	if !strings.Contains(err.Error(), "another process") {
+		t.Fatalf("second snapshotter on the root: %v, want it to say another process holds the metadata", err)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	third, err := New(Options{Root: root, Config: cfg})
+	if err != nil {
+		t.Fatalf("a snapshotter on the root after the first one stopped: %v", err)
+	}
+	defer third.Close()
+	if _, err := third.Stat(ctx, "none"); !errdefs.IsNotFound(err) {
+		t.Fatalf("Stat of no snapshot: %v", err)
+	}
+}

@@ -90,6 +90,10 @@ type Server struct {
 	offered   uint64
 	numQueues int
 
+	// mu guards the fields below. It is taken with no other lock held and
+	// never held across a session, a wait or I/O: Close takes the current
+	// connection under it and closes it, and waits for the accept loop,
+	// after releasing it.
 	mu     sync.Mutex
 	cur    *net.UnixConn
 	closed bool

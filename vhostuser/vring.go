@@ -26,6 +26,11 @@ type vring struct {
 	started bool // kick fd received and not stopped by GET_VRING_BASE
 	enabled bool
 
+	// fdMu is taken with no other lock held. Its holders write to an
+	// eventfd the front-end gave (a write that adds 1 to a counter and
+	// does not wait) or replace or close the descriptors: none waits
+	// for anything, and the session never holds fdMu while it waits for
+	// a queue (runner.stop).
 	fdMu   sync.Mutex
 	callFd int
 	errFd  int

@@ -24,7 +24,8 @@ type Process struct {
 	done   chan struct{}
 	err    error // set before done closes
 	stop   sync.Once
-	// stopping marks an exit we asked for, which is not a failure.
+	// stopping marks an exit we asked for, which is not a failure. mu
+	// guards it alone and is never held across a signal or a wait.
 	mu       sync.Mutex
 	stopping bool
 }
@@ -156,6 +157,8 @@ func (p *Process) Stop(ctx context.Context) error {
 
 // tailBuffer keeps the last n bytes written to it.
 type tailBuffer struct {
+	// mu is a leaf lock, held for a copy: the daemon's output pipe
+	// writes under it, readers take a string.
 	mu  sync.Mutex
 	n   int
 	buf []byte

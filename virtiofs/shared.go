@@ -39,8 +39,9 @@ type SharedDir struct {
 	Mounts string
 
 	tree *mount.Tree
-	mu   sync.Mutex
-	ids  map[string]uint64 // bind name below Mounts -> its mount id
+	// mu guards ids alone, a leaf lock: mounts and unmounts run without it.
+	mu  sync.Mutex
+	ids map[string]uint64 // bind name below Mounts -> its mount id
 }
 
 // NewSharedDir creates <sandboxDir>/mounts (a shared mount, so binds made

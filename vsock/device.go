@@ -95,7 +95,13 @@ type ctrlPacket struct {
 }
 
 // device is the virtio socket device: the vhost-user core runs its queues,
-// the hybrid listener adds connections. mu guards everything below it.
+// the hybrid listener adds connections. mu guards everything below it. It
+// is taken with no other lock held, and its holders copy guest memory,
+// update the tables, close clients' sockets and poke channels with room
+// (poke never waits); they never wait for a client, a channel or a kick:
+// the pumps and the queues release mu before they read or write a client
+// or wait for a wake, and a connect timer's callback takes mu like any
+// other holder.
 type device struct {
 	guestCID uint64
 	opts     *Options

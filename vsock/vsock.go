@@ -99,6 +99,9 @@ type Server struct {
 	hybrid *net.UnixListener
 	dev    *device
 
+	// mu guards closed and clients; it is taken with no other lock held,
+	// and Close closes the clients' sockets under it (which waits for
+	// nothing) and waits for wg after releasing it.
 	mu      sync.Mutex
 	closed  bool
 	clients map[net.Conn]struct{} // hybrid clients being served, closed by Close

@@ -116,10 +116,18 @@ type Device struct {
 	changed []atomic.Bool   // per bitmap page: bits set since the last Flush
 	written atomic.Bool     // overlay data written since the last Flush
 
+	// locks are the block stripes. Lock order: stripes in ascending index
+	// (lockBlocks), and flushMu apart: no stripe is held while flushMu is
+	// taken nor flushMu while a stripe is. A stripe holder waits only for
+	// its own I/O: the overlay file, and the base below a partial write,
+	// whose reads (host files, the lazy store within its read timeout)
+	// never wait for a stripe.
 	locks   [lockStripes]sync.Mutex
 	scratch sync.Pool // *[]byte of blockSize, for read-modify-write
 	iovs    sync.Pool // *[]unix.Iovec, for vectored writes and reads
 	pieces  sync.Pool // *[][]byte, a vectored read's runs for the base
+	// flushMu serializes Flush and Close, held across their fdatasyncs;
+	// writes do not take it (see markDirty for how they meet a Flush).
 	flushMu sync.Mutex
 	closed  atomic.Bool
 	poison  atomic.Pointer[error] // the error of the first failed Flush

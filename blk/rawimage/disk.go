@@ -45,6 +45,10 @@ type Disk struct {
 
 	iovs sync.Pool // *[]unix.Iovec, for ReadVecAt
 
+	// mu guards the table of open sources; it is taken with no other lock
+	// held and never held across an open or a read (see acquire), only
+	// across closing an evicted source. A read of a source being opened
+	// waits on its ready channel, unlocked, for that open alone.
 	mu     sync.Mutex
 	open   map[sourceKey]*openSource
 	order  []sourceKey // insertion order, for eviction

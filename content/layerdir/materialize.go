@@ -116,6 +116,16 @@ func writeTree(ctx context.Context, lower string, logf func(format string, args 
 
 // lockSnapshot takes the snapshot's materialization lock, waiting for
 // another holder (another mount of the same layer) as long as ctx allows.
+//
+// Lock order: it is the package's only lock and is held alone; a holder
+// takes no other snapshot's lock (a layer is written from its own index
+// and the lower layers' indexes, never from their directories). While it
+// holds the lock it waits for the image's resolve (the registry, within
+// ctx), for reads through the node store (each within the store's read
+// timeout, whose file locks are bounded too) and for its own writes, none
+// of which waits for a materialization lock: a waiter, in any process,
+// waits for a holder's progress only, and a stopped holder's lock goes
+// with its process.
 func lockSnapshot(ctx context.Context, sd int, lower string, logf func(string, ...any)) (func(), error) {
 	fd, err := unix.Openat(sd, lockName, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {

@@ -23,7 +23,12 @@ import (
 //	image/sha256/<reference hex>    the manifest and config of an image
 //	                                named by digest (imageRecord, JSON)
 //
-// Files are written whole and renamed into place. Everything read back is
+// Files are written whole and renamed into place, and no lock guards them:
+// a reader opens the old file or the new one, never part of either; two
+// writers of one name write the same bytes (the name is a digest) and the
+// last rename wins; a prune removes a file with one unlink (IndexNodeCache),
+// after which a reader that has it open still reads it whole and the next
+// one misses. Nothing here waits for anyone. Everything read back is
 // checked as an artifact is (a damaged file is a miss, logged, and later
 // overwritten), except that the cache is trusted to have picked the
 // platform manifest of an index digest: it is the node's own root-owned

@@ -63,6 +63,9 @@ type Root struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// mu guards the flags below. It is held only to read or set them and
+	// to start the trace and fill goroutines, never across their work or
+	// the wait for them: Close sets closed, then waits for wg unlocked.
 	mu        sync.Mutex
 	recording bool // no trace artifact was found and push_trace is on: record one
 	started   bool

@@ -43,6 +43,10 @@ type Client struct {
 	// so hosts.toml trust and client certificates stay with their host.
 	elsewhere *http.Transport
 
+	// mu guards the two caches. It is never held across a request or a
+	// token fetch (authorize stores the token after the fetch); only the
+	// first use of a host reads its CA files under it, a local read that
+	// waits for no one.
 	mu         sync.Mutex
 	transports map[string]*http.Client // by host URL
 	tokens     map[string]string       // by host URL + " " + scope

@@ -70,6 +70,56 @@
 // to the blob's size at most, and are removed with the node's cache
 // directory.
 //
+// # Lock order
+//
+// In one process the mutexes are taken in the order layer.mu, Store.mu,
+// memTier.mu (a read that starts a fetch holds its layer's mutex while it
+// counts the fetch in the Store and looks in the memory tier); Store.tmu,
+// the trace's, is taken alone. None is held across I/O, a file lock, a
+// fetch or a wait for another goroutine, so no holder can wait, however
+// indirectly, on another holder: opening a layer's files, which may wait
+// for another process, runs outside Store.mu (AddLayer), and reads wait
+// for a fetch, or for a span another read is inflating, on its channel,
+// each within its own deadline; Fill and Prefetch wait the same way
+// within their context.
+//
+// Across processes (and between Stores of one process: OFD locks conflict
+// between open file descriptions, and go with the description when it is
+// closed or its process dies) a layer's files carry three kinds of lock:
+//
+//   - the header lock, bytes [0, 32) of the chunk map: held by a Store
+//     while it opens and checks the layer's files, waiting for nothing
+//     but their I/O, and by RemoveLayer around its unlinks;
+//   - the in-use mark, a read lock on one byte far beyond the map's end,
+//     held by every Store with the layer open; a prune tries the write
+//     lock under the header lock, without waiting;
+//   - chunk locks, write locks on byte ranges of the data file: held by
+//     a fetch from before it rereads the map until its chunks are written,
+//     and by RemoveLayer (the whole file) around its unlinks.
+//
+// The order is header lock, then chunk lock. A fetch holding a chunk lock
+// takes no other lock and waits only for the registry (each attempt
+// bounded) and the disk; each chunk lock is one F_OFD_SETLK of the whole
+// range, all or nothing, so no holder of a range waits for another range.
+// The one holder that waits while it holds is RemoveLayer, header lock
+// held, for the fetches' chunk locks: fetches never wait for the header
+// lock, so that cannot cycle. Every wait polls with a bound, so a stopped
+// holder cannot hold anyone for ever: a Store opening a layer waits
+// initLockWait for the header lock (then serves the layer from memory),
+// a fetch waits attemptTimeout for its range (then fetches without the
+// disk tier), RemoveLayer waits initLockWait in all for its locks (a
+// prune's removal also no longer than the prune's context).
+//
+// Within a Store, a layer's chunk locks are all on its one data file
+// description, where they never conflict with each other; fetches of one
+// process are kept apart by the layer's inflight map instead. A fetch that
+// fails for one chunk drops it from inflight at once, so that the next
+// read retries, and a retry may then lock the same range on the same
+// description and lose that lock when the failed fetch unlocks its whole
+// range. Another process may then fetch the chunk at the same time: a
+// duplicate request, not wrong data, as both write bytes verified against
+// the index, and bytes read back from disk are verified again.
+//
 // # Fill and prefetch
 //
 // Fill fetches the rest of every layer onto the node disk at a bounded

@@ -45,6 +45,9 @@ type layer struct {
 	data *os.File // <Dir>/layers/<hex>.data; nil: memory only
 	cmap *os.File // <Dir>/layers/<hex>.chunks
 
+	// mu guards the fields below. It is the first of the package's
+	// mutexes (Store.mu and memTier.mu may be taken under it) and is
+	// never held across I/O, a file lock or a wait for a fetch.
 	mu       sync.Mutex
 	held     []bool // chunk durable on disk, as far as this process knows
 	verified []bool // chunk read from disk and verified since Open
@@ -105,6 +108,9 @@ func (l *layer) openFilesOnce() error {
 	if l.cmap, err = os.OpenFile(base+".chunks", os.O_RDWR|os.O_CREATE, 0o600); err != nil {
 		return err
 	}
+	// The header lock's holders wait for nothing but their own I/O, except
+	// RemoveLayer, which waits (bounded) for fetches; a fetch never waits
+	// for this lock, so the bound is only against a stopped holder.
 	ctx, cancel := context.WithTimeout(l.s.ctx, initLockWait)
 	defer cancel()
 	unlock, err := lockRange(ctx, l.cmap, 0, mapHeaderSize)
@@ -284,7 +290,9 @@ func (l *layer) writeDisk(lo int64, b []byte) bool {
 }
 
 // lockRange takes an OFD write lock on [start, start+n) of f, polling (a
-// blocking wait could outlast the reader's deadline) until ctx ends.
+// blocking wait could outlast the reader's deadline) until ctx ends. The
+// range is locked in one call, whole or not at all, so a caller never
+// holds part of it while it waits for the rest.
 func lockRange(ctx context.Context, f *os.File, start, n int64) (func(), error) {
 	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart, Start: start, Len: n}
 	fd := f.Fd()

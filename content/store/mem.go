@@ -27,6 +27,9 @@ type memEntry struct {
 // memTier is the bounded LRU of verified chunks and inflated spans. The
 // slices it hands out are shared and never written after insertion.
 type memTier struct {
+	// mu is the last lock of the package's order (a layer's mu and the
+	// Store's may be held when it is taken); nothing else is taken or
+	// waited for under it.
 	mu    sync.Mutex
 	limit int64
 	used  int64

@@ -136,5 +136,5 @@ func (c *diskCache) Entries(ctx context.Context) ([]nodecache.Entry, error) {
 }
 
 func (c *diskCache) Remove(ctx context.Context, key string) error {
-	return removeLayer(c.dir, digest.Digest("sha256:"+key), true)
+	return removeLayer(ctx, c.dir, digest.Digest("sha256:"+key), true)
 }

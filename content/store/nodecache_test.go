@@ -237,3 +237,22 @@ func TestNodeCacheOrphanData(t *testing.T) {
 		t.Fatal("Remove of a bad key succeeded")
 	}
 }
+
+// TestNodeCacheRemoveEndsWithContext: a prune's removal waiting for a
+// layer's header lock (held by a Store opening the layer, or by another
+// removal waiting for a fetch) gives up when the prune's context ends.
+func TestNodeCacheRemoveEndsWithContext(t *testing.T) {
+	dir := t.TempDir()
+	l := nodeLayer(t, 41)
+	fillLayer(t, dir, l, time.Now())
+	holdHeader(t, filepath.Join(dir, "layers", l.ix.Digest[7:]+".chunks"))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := NodeCache(dir).Remove(ctx, l.ix.Digest[7:])
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("removal under a cancelled context while the header lock is held: %v, want context.Canceled", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "layers", l.ix.Digest[7:]+".data")); err != nil {
+		t.Fatalf("the layer's data file after a removal that gave up: %v", err)
+	}
+}

@@ -26,18 +26,19 @@ import (
 // with each other, until it closes them; their space is freed then.
 // A layer with no files is not an error.
 func RemoveLayer(dir string, blob digest.Digest) error {
-	return removeLayer(dir, blob, false)
+	return removeLayer(context.Background(), dir, blob, false)
 }
 
-// removeLayer is RemoveLayer; with unused, it removes nothing of a layer
-// a Store has open (markInUse) and returns nodecache.ErrInUse.
-func removeLayer(dir string, blob digest.Digest, unused bool) error {
+// removeLayer is RemoveLayer, waiting for its locks until ctx ends or
+// initLockWait passes; with unused, it removes nothing of a layer a Store
+// has open (markInUse) and returns nodecache.ErrInUse.
+func removeLayer(ctx context.Context, dir string, blob digest.Digest, unused bool) error {
 	hex, err := blobHex(string(blob))
 	if err != nil {
 		return fmt.Errorf("content store: remove layer %q: %w", blob, err)
 	}
 	base := layerBase(dir, hex)
-	ctx, cancel := context.WithTimeout(context.Background(), initLockWait)
+	ctx, cancel := context.WithTimeout(ctx, initLockWait)
 	defer cancel()
 	cmap, err := os.OpenFile(base+".chunks", os.O_RDWR, 0)
 	switch {

@@ -170,3 +170,106 @@ func openCount(t *testing.T, p string) int {
 	}
 	return n
 }
+
+// TestAddLayerWaitsAlone: a Store adding a layer whose chunk map another
+// process holds locked (a RemoveLayer waiting for a fetch, a Store
+// initialising the map) waits for that lock alone: reads of its other
+// layers go on meanwhile, and the new layer gets the node cache once the
+// lock is free rather than giving up on it.
+func TestAddLayerWaitsAlone(t *testing.T) {
+	rng := rand.New(rand.NewPCG(24, 24))
+	a := makeLayer(t, rng, -1, 4, 200*kib, 64*kib, 0)
+	b := makeLayer(t, rng, -1, 4, 200*kib, 64*kib, 0)
+	dir := t.TempDir()
+	s := openStore(t, Options{Dir: dir})
+	ra := layerReader(t, s, a, newFake(a.blob))
+	base := filepath.Join(dir, "layers", b.ix.Digest[7:])
+	cmap := holdHeader(t, base+".chunks")
+	added := make(chan error, 1)
+	go func() { added <- s.AddLayer(b.ix, newFake(b.blob)) }()
+	// The Store opens the chunk map just before it waits for its lock.
+	waitOpen(t, base+".chunks", 2)
+	checkRead(t, ra, a.tar, 0, len(a.tar))
+	select {
+	case err := <-added:
+		t.Fatalf("AddLayer returned (%v) while the chunk map's lock was held; the read of another layer waited for it", err)
+	default:
+	}
+	cmap.Close()
+	if err := <-added; err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	lb := s.layers[b.ix.DiffID]
+	s.mu.Unlock()
+	if !lb.onDisk() {
+		t.Fatal("AddLayer gave up on the node cache while another process held the chunk map's lock")
+	}
+	checkRead(t, layerReader(t, s, b, newFake(b.blob)), b.tar, 0, len(b.tar))
+}
+
+// TestAddLayerTwiceAtOnce: two AddLayers of one layer that both opened its
+// files (both waited for the chunk map's lock) register it once, and the
+// one that lost leaves none of its files open.
+func TestAddLayerTwiceAtOnce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(25, 25))
+	l := makeLayer(t, rng, -1, 4, 200*kib, 64*kib, 0)
+	dir := t.TempDir()
+	s := openStore(t, Options{Dir: dir})
+	base := filepath.Join(dir, "layers", l.ix.Digest[7:])
+	cmap := holdHeader(t, base+".chunks")
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() { errs <- s.AddLayer(l.ix, newFake(l.blob)) }()
+	}
+	waitOpen(t, base+".chunks", 3)
+	cmap.Close() // lets both go on
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []string{base + ".chunks", base + ".data"} {
+		if n := openCount(t, p); n != 1 {
+			t.Fatalf("%s open %d times after two AddLayers of its layer, want once", p, n)
+		}
+	}
+	s.mu.Lock()
+	n := len(s.order)
+	s.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d layers registered, want 1", n)
+	}
+	checkRead(t, layerReader(t, s, l, newFake(l.blob)), l.tar, 0, len(l.tar))
+}
+
+// holdHeader opens the chunk map p (created if need be) and locks its
+// header as another process's Store or RemoveLayer would; closing the file
+// unlocks it.
+func holdHeader(t *testing.T, p string) *os.File {
+	t.Helper()
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if _, err := lockRange(context.Background(), f, 0, mapHeaderSize); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// waitOpen waits until this process has p open n times; the bound only
+// turns a hang into a failure.
+func waitOpen(t *testing.T, p string, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for openCount(t, p) < n {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s never open %d times", p, n)
+		case <-time.After(time.Millisecond):
+		}
+	}
+}

@@ -89,6 +89,9 @@ type Store struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// mu guards closed and the layer tables. It comes after a layer's mu
+	// (startRunLocked) and before memTier.mu, and is never held across
+	// I/O or a wait: see the package's lock order.
 	mu     sync.Mutex
 	closed bool
 	layers map[string]*layer // by DiffID
@@ -96,9 +99,10 @@ type Store struct {
 	order  []*layer          // in the order added, for Fill
 
 	tracing atomic.Bool
-	tmu     sync.Mutex
-	tseen   map[TraceEntry]bool
-	tlog    []TraceEntry
+	// tmu guards the trace; it is taken with no other lock held.
+	tmu   sync.Mutex
+	tseen map[TraceEntry]bool
+	tlog  []TraceEntry
 }
 
 // Open makes a Store; with opts.Dir it creates <Dir>/layers for the node
@@ -179,25 +183,45 @@ func (s *Store) AddLayer(ix *lazyindex.Index, f Fetcher) error {
 	if err := ix.Validate(); err != nil {
 		return fmt.Errorf("content store: layer %s: %w", ix.Digest, err)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return ErrClosed
+	if done, err := s.register(ix, nil); done || err != nil {
+		return err
 	}
-	if s.layers[ix.DiffID] != nil {
-		return nil
-	}
-	if o := s.blobs[ix.Digest]; o != nil {
-		return fmt.Errorf("content store: layer blob %s is already added with DiffID %s, not %s", ix.Digest, o.ix.DiffID, ix.DiffID)
-	}
+	// Opening the layer's files waits (up to initLockWait) for the chunk
+	// map's header lock, which another process may hold while it waits
+	// for a fetch: under s.mu that wait would stop every read of the
+	// other layers (they take s.mu to start a fetch) past its deadline.
 	l, err := newLayer(s, ix, f)
 	if err != nil {
 		return err
 	}
-	s.layers[ix.DiffID] = l
-	s.blobs[ix.Digest] = l
-	s.order = append(s.order, l)
+	if done, err := s.register(ix, l); done || err != nil {
+		l.close()
+		return err
+	}
 	return nil
+}
+
+// register takes s.mu and says whether AddLayer of ix is done (the
+// Store is closed, or ix or its blob is added already); otherwise it
+// registers l, when not nil.
+func (s *Store) register(ix *lazyindex.Index, l *layer) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return true, ErrClosed
+	}
+	if s.layers[ix.DiffID] != nil {
+		return true, nil
+	}
+	if o := s.blobs[ix.Digest]; o != nil {
+		return true, fmt.Errorf("content store: layer blob %s is already added with DiffID %s, not %s", ix.Digest, o.ix.DiffID, ix.DiffID)
+	}
+	if l != nil {
+		s.layers[ix.DiffID] = l
+		s.blobs[ix.Digest] = l
+		s.order = append(s.order, l)
+	}
+	return false, nil
 }
 
 // checkIndex refuses an index the store cannot serve from: it names a file

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -547,4 +548,52 @@ func TestWriteAbandonedWhenQEMUDoesNotRead(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 	recvWithin(t, c.Done(), "the client did not close its half-written stream")
+}
+
+// TestCommandGivesUpWaitingForAStuckWrite: a command queued behind a write
+// QEMU is not reading (one whose caller set no deadline) ends when its own
+// context does, and leaves the stream as it was.
+func TestCommandGivesUpWaitingForAStuckWrite(t *testing.T) {
+	f, conn := newFake(t)
+	c := connect(t, f, conn, Options{})
+	started := make(chan struct{})
+	f.run(func(f *fakeMonitor) {
+		buf := make([]byte, 16)
+		if _, err := io.ReadFull(f.r, buf); err != nil {
+			f.t.Errorf("fake: %v", err)
+		}
+		close(started)
+	})
+	go c.Execute(context.Background(), "huge", map[string]any{"x": strings.Repeat("z", 32<<20)}, nil)
+	recvWithin(t, started, "the fake did not receive the start of the command")
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- c.Execute(ctx, "query-status", nil, nil) }()
+	// Both commands are registered: the second is past its context check
+	// and on its way to the write.
+	limit := bounded(t)
+	for {
+		c.mu.Lock()
+		n := len(c.pending)
+		c.mu.Unlock()
+		if n == 2 {
+			break
+		}
+		select {
+		case <-limit.Done():
+			t.Fatal("the second command was never registered")
+		default:
+			runtime.Gosched()
+		}
+	}
+	cancel()
+	err := recvWithin(t, errc, "a command waiting for another's stuck write did not return when its context was cancelled")
+	if !errors.Is(err, context.Canceled) || errors.Is(err, ErrClosed) {
+		t.Fatalf("err = %v, want context.Canceled without closing the stream", err)
+	}
+	select {
+	case <-c.Done():
+		t.Fatal("the client closed its stream for a command that wrote nothing")
+	default:
+	}
 }

@@ -82,8 +82,17 @@ type Client struct {
 	caps    []string
 	events  chan Event
 
-	writeMu sync.Mutex
+	// writeSem holds one token while a command is written: writes must
+	// not interleave. A write waits for the one before it, which that
+	// command's context bounds, and gives up when its own context ends
+	// rather than wait for that bound (QEMU may have stopped reading
+	// under a command with no deadline).
+	writeSem chan struct{}
 
+	// mu guards the fields below; it and writeSem are never held
+	// together. Nothing waits under mu: replies and subscription events
+	// go to channels with room for them, and Events() is sent to without
+	// blocking.
 	mu        sync.Mutex
 	nextID    uint64
 	pending   map[uint64]chan reply
@@ -147,11 +156,12 @@ func NewClient(ctx context.Context, conn net.Conn, opts Options) (*Client, error
 		opts.EventBuffer = DefaultEventBuffer
 	}
 	c := &Client{
-		conn:    conn,
-		events:  make(chan Event, opts.EventBuffer),
-		pending: map[uint64]chan reply{},
-		waiters: map[*Subscription]struct{}{},
-		done:    make(chan struct{}),
+		conn:     conn,
+		events:   make(chan Event, opts.EventBuffer),
+		pending:  map[uint64]chan reply{},
+		waiters:  map[*Subscription]struct{}{},
+		done:     make(chan struct{}),
+		writeSem: make(chan struct{}, 1),
 	}
 	r := bufio.NewReaderSize(conn, 64<<10)
 
@@ -369,8 +379,13 @@ func (c *Client) writeMsg(ctx context.Context, msg any) error {
 		return fmt.Errorf("qmp: encode command: %w", err)
 	}
 	b = append(b, '\n')
-	c.writeMu.Lock()
-	defer c.writeMu.Unlock()
+	select {
+	case c.writeSem <- struct{}{}:
+	case <-ctx.Done():
+		// Nothing was written: the stream is intact for the others.
+		return fmt.Errorf("wait for an earlier command's write: %w", ctx.Err())
+	}
+	defer func() { <-c.writeSem }()
 	stop := context.AfterFunc(ctx, func() { c.conn.SetWriteDeadline(time.Unix(1, 0)) })
 	_, err = c.conn.Write(b)
 	if !stop() {

@@ -48,7 +48,11 @@ func Caches(c *config.Config) []nodecache.Budgeted {
 }
 
 // lockName is the file under the blk cache directory that automatic
-// prunes hold.
+// prunes hold, one process at a time. It is only ever tried (TryLock),
+// never waited for, so a prune holding it across PruneAll, whose waits
+// are the content store's bounded ones and ctx, keeps no one waiting;
+// a manual `kata-fsx cache prune` does not take it, and two prunes at
+// once only race to ErrInUse or to a removal already done.
 const lockName = ".prune.lock"
 
 // AutoPrune prunes every cache to its budget if c's prune is "auto" and

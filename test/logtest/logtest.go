@@ -11,6 +11,7 @@ import (
 // Lines is a concurrency-safe record of logged lines; its zero value is
 // ready to use.
 type Lines struct {
+	// mu guards lines alone, a leaf lock.
 	mu    sync.Mutex
 	lines []string
 }

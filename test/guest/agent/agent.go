@@ -34,6 +34,11 @@ const sharedContainersDir = "/run/kata-containers/shared/containers"
 
 // agent implements grpc.AgentService and grpc.Health for the test guest.
 type agent struct {
+	// mu guards the fields below. Lock order: mu, then the storage set's,
+	// the cgroups' and the hostile mode's mutexes, none of which is held
+	// while mu is taken. Its holders wait for mounts, a process's start
+	// report and (DestroySandbox) the kills of what runs, at most 5 s each,
+	// and for the hostile racer's end; nothing they wait for takes mu.
 	mu         sync.Mutex
 	sandboxID  string
 	storages   []string // sandbox mount points, in mount order

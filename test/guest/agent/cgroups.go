@@ -41,6 +41,8 @@ const oomQueue = 64
 // cgroups is the guest's cgroup v2 hierarchy as the agent uses it: one
 // cgroup per container, and the OOM kills seen in them.
 type cgroups struct {
+	// mu guards the fields below; held for table updates and inotify
+	// calls only. The OOM queue is sent to with mu released.
 	mu          sync.Mutex
 	ready       bool
 	controllers map[string]bool // available at the root

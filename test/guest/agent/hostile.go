@@ -42,7 +42,7 @@ type hostile struct {
 	target string
 	ids    []string
 
-	mu    sync.Mutex
+	mu    sync.Mutex // guards lines alone, a leaf lock
 	lines []string
 	stop  chan struct{}
 	done  chan struct{}

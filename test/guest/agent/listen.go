@@ -99,13 +99,19 @@ type serialListener struct {
 	openErr  error
 
 	// readMu guards the read state below; a closed session's reader may
-	// still be inside read when the next session starts.
+	// still be inside read when the next session starts. Its holder polls
+	// the port for at most portPoll at a time and checks between polls
+	// whether its session closed, so the next session's reader (and a
+	// closing session, which takes readMu before it frees the port) waits
+	// no longer than one poll for a closed session's reader.
 	readMu   sync.Mutex
 	pending  []byte // read from the port, not yet handed to a session
 	frameEnd int    // bytes of the current frame still to hand over; 0 = at a frame start
 	hostGone bool   // the last read saw the host disconnected
 	skip     bool   // drop frames until a new host connection starts
 
+	// writeMu keeps replies whole; its holder polls the port as a reader
+	// does, and gives up when its session closes or the host goes.
 	writeMu sync.Mutex
 }
 

@@ -26,7 +26,7 @@ import (
 
 // terminal is the pty master of a process with a terminal.
 type terminal struct {
-	mu     sync.Mutex // orders resizes before the close at exit
+	mu     sync.Mutex // orders resizes before the close at exit; a leaf lock held for one ioctl or close
 	master *os.File
 	closed bool
 }

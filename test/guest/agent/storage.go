@@ -26,6 +26,10 @@ const blkWaitTimeout = 20 * time.Second
 // volumes' share, an emptyDir's tmpfs) by naming its mount point, as with
 // Kata's agent, and it is unmounted when its last user goes.
 type storageSet struct {
+	// mu is held across the mounts and unmounts it counts (the agent's mu
+	// may be held); those wait for the kernel and for a hot-plugged disk's
+	// device (within the request's context), nothing that takes a lock of
+	// the agent.
 	mu   sync.Mutex
 	refs map[string]int
 }

@@ -17,6 +17,8 @@ const maxBuffered = 1 << 20
 // outputBuffer holds a process's stdout or stderr between the pipe and the
 // host's ReadStdout/ReadStderr calls.
 type outputBuffer struct {
+	// mu guards the fields below, a leaf lock: append and read wait for
+	// changed (or stop, or their context) with mu released.
 	mu      sync.Mutex
 	data    []byte
 	eof     bool
