@@ -31,8 +31,6 @@ import (
 	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -426,13 +424,9 @@ func deleteShim(ctx context.Context, f *shimFlags, warn io.Writer) (*taskapi.Del
 		if st.OwnsSandbox && st.SandboxDir != "" {
 			sock := socketPath(f.address, f.namespace, f.id)
 			if c, err := net.DialTimeout("unix", sock, time.Second); err == nil {
-				// The server still runs: it owns the pod and tears it down
-				// itself, once asked to. containerd runs delete for a task
-				// it gave up on (its own death between Delete and Shutdown,
-				// or during Create), and would never ask the server again.
-				if err := endTask(ctx, c, f.id); err != nil {
-					fmt.Fprintf(warn, "pod %s: its shim still serves %s and did not end task %s: %v\n", st.SandboxID, sock, f.id, err)
-				}
+				// The server still runs: it owns the pod and tears it down itself.
+				c.Close()
+				fmt.Fprintf(warn, "pod %s: its shim still serves %s; leaving the pod to it\n", st.SandboxID, sock)
 			} else {
 				errs = append(errs, sandbox.CleanupDir(st.SandboxDir))
 				os.Remove(sock)
@@ -443,35 +437,6 @@ func deleteShim(ctx context.Context, f *shimFlags, warn io.Writer) (*taskapi.Del
 		errs = append(errs, err)
 	}
 	return resp, errors.Join(errs...)
-}
-
-// endTask asks a shim that still serves (over conn, which it closes) to
-// kill task id, delete it and shut down: the server exits, tearing the
-// pod down, once no container of the pod is left.
-func endTask(ctx context.Context, conn net.Conn, id string) error {
-	ctx, cancel := context.WithTimeout(ctx, signalTeardown+5*time.Second)
-	defer cancel()
-	client := ttrpc.NewClient(conn)
-	defer client.Close()
-	tc := taskapi.NewTaskClient(client)
-	var errs []error
-	if _, err := tc.Kill(ctx, &taskapi.KillRequest{ID: id, Signal: uint32(syscall.SIGKILL), All: true}); err != nil && status.Code(err) != codes.NotFound {
-		errs = append(errs, fmt.Errorf("kill: %w", err))
-	}
-	// The kill is reported once the guest says so: wait for it, bounded.
-	for ctx.Err() == nil {
-		if _, err := tc.Delete(ctx, &taskapi.DeleteRequest{ID: id}); err == nil || status.Code(err) == codes.NotFound {
-			break
-		} else if status.Code(err) != codes.FailedPrecondition {
-			errs = append(errs, fmt.Errorf("delete: %w", err))
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	// The reply may be lost as the server closes its socket; the server
-	// has acted on it either way.
-	_, _ = tc.Shutdown(ctx, &taskapi.ShutdownRequest{ID: id})
-	return errors.Join(errs...)
 }
 
 // bundleState is what the server records in the bundle for `delete`.
