@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -12,26 +13,15 @@ import (
 // (parents before what is stacked on them), from /proc/self/mountinfo.
 func Under(dir string) ([]string, error) {
 	dir = filepath.Clean(dir)
-	f, err := os.Open("/proc/self/mountinfo")
+	all, err := table()
 	if err != nil {
-		return nil, fmt.Errorf("read mount table: %w", err)
+		return nil, err
 	}
-	defer f.Close()
 	var out []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
+	for _, m := range all {
+		if m.point == dir || strings.HasPrefix(m.point, dir+"/") {
+			out = append(out, m.point)
 		}
-		mp := unescape(fields[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read mount table: %w", err)
 	}
 	return out, nil
 }
@@ -49,6 +39,39 @@ func RemoveUnmounted(dir string) error {
 		return fmt.Errorf("%s still has mounts (%s): left in place so no file behind them is deleted", dir, strings.Join(mounts, ", "))
 	}
 	return os.RemoveAll(dir)
+}
+
+// mountEntry is one line of the mount table: the mount's id and where.
+type mountEntry struct {
+	id    uint64
+	point string
+}
+
+// table reads /proc/self/mountinfo's mount ids and mount points.
+func table() ([]mountEntry, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("read mount table: %w", err)
+	}
+	defer f.Close()
+	var out []mountEntry
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		id, err := strconv.ParseUint(fields[0], 10, 64)
+		if err != nil {
+			continue
+		}
+		out = append(out, mountEntry{id: id, point: unescape(fields[4])})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read mount table: %w", err)
+	}
+	return out, nil
 }
 
 // unescape undoes the octal escapes (\040 for a space) of mountinfo paths.

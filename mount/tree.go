@@ -1,13 +1,11 @@
 package mount
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -338,12 +336,6 @@ func (t *Tree) removeEmptyAt(pfd int, name, rel string) error {
 	return nil
 }
 
-// mountEntry is one line of the mount table: the mount's id and where.
-type mountEntry struct {
-	id    uint64
-	point string
-}
-
 // listed lists the mount table's mounts at or below rel ("." strictly
 // below the tree), in table order.
 func (t *Tree) listed(rel string) ([]mountEntry, error) {
@@ -373,33 +365,6 @@ func notMounted(id uint64) (bool, error) {
 		}
 	}
 	return true, nil
-}
-
-// table reads /proc/self/mountinfo's mount ids and mount points.
-func table() ([]mountEntry, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, fmt.Errorf("read mount table: %w", err)
-	}
-	defer f.Close()
-	var out []mountEntry
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		id, err := strconv.ParseUint(fields[0], 10, 64)
-		if err != nil {
-			continue
-		}
-		out = append(out, mountEntry{id: id, point: unescape(fields[4])})
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read mount table: %w", err)
-	}
-	return out, nil
 }
 
 func modeOf(m uint32) fs.FileMode {
