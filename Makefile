@@ -47,7 +47,7 @@ $(BUILD)/configuration.toml: configuration.toml.in Makefile
 # e2e package checks for leftover processes globally), then a short run of
 # every fuzz target.
 test: build guest guest-image containerd
-	KATA_FSX_GUEST_DIR=$(GUESTDIR) $(GO) test -count=1 -timeout 25m ./...
+	KATA_FSX_GUEST_DIR=$(GUESTDIR) $(GO) test -count=1 -timeout 45m ./...
 	@for v in $(CONTAINERD_VERSIONS); do \
 	  echo "==> test/e2e against containerd $$v: $(CONTAINERD_E2E)"; \
 	  KATA_FSX_CONTAINERD=$(CONTAINERD_DIR)/$$v KATA_FSX_GUEST_DIR=$(GUESTDIR) \
