@@ -657,7 +657,12 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 		// The rootfs first: the agent resolves the root path after mounting.
 		storages = append([]*pb.Storage{st}, storages...)
 	case config.SharedFSVirtioFS, config.SharedFS9P:
-		if spec.Root.Path, err = s.shared.BindRootfs(c.ID, c.RootfsDir, readonly); err != nil {
+		// Shared writable even for a read-only root: the agent makes the
+		// mount points of the container's mounts (a CRI sandbox's
+		// /etc/resolv.conf) in the rootfs before it makes the root
+		// read-only in the guest, as runc and Kata's agent do. The binds
+		// stay nosuid and nodev, and only the rootfs itself is writable.
+		if spec.Root.Path, err = s.shared.BindRootfs(c.ID, c.RootfsDir, false); err != nil {
 			return err
 		}
 	case BackendVirtioBlk:
