@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"os"
@@ -11,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/mount"
 )
 
 // startPodRun starts `kata-fsx run --id id` of a command that prints "up"
@@ -65,23 +66,16 @@ func podLeftovers(dir string) []string {
 	return left
 }
 
-// mountsUnder lists this mount namespace's mounts at or below dir.
+// mountsUnder lists this mount namespace's mounts at or below dir, each
+// as "mount <point>" (mount.Under; its error as the one line).
 func mountsUnder(dir string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
+	mps, err := mount.Under(dir)
 	if err != nil {
 		return []string{"mountinfo: " + err.Error()}
 	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) <= 4 {
-			continue
-		}
-		if mp := unescapeMountPath(fields[4]); mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, "mount "+mp)
-		}
+	out := make([]string, len(mps))
+	for i, mp := range mps {
+		out[i] = "mount " + mp
 	}
 	return out
 }
