@@ -362,6 +362,7 @@ func serveShim(f *shimFlags, defaultConfig string) error {
 	defer signal.Stop(sigs)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, ln) }()
+	go svc.watchOrphan(orphanGrace)
 	log.G(ctx).WithField("pod", group).Infof("kata-fsx shim serving on %s", sock)
 	select {
 	case <-svc.Done():

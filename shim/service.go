@@ -108,6 +108,10 @@ type service struct {
 	sandbox    *sandbox.Sandbox
 	sbCancel   context.CancelFunc
 	containers map[string]*container
+	// creating counts Creates in flight and idleSince is when the server
+	// last held a container or ran a Create: what watchOrphan reads.
+	creating  int
+	idleSince time.Time
 
 	done     chan struct{}
 	doneOnce sync.Once
@@ -116,7 +120,7 @@ type service struct {
 var _ taskapi.TaskService = (*service)(nil)
 
 func newService(ctx context.Context, o serviceOptions) *service {
-	return &service{ctx: ctx, opts: o, containers: map[string]*container{}, done: make(chan struct{})}
+	return &service{ctx: ctx, opts: o, containers: map[string]*container{}, idleSince: time.Now(), done: make(chan struct{})}
 }
 
 // Done is closed when the server should exit.
@@ -162,6 +166,7 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 	if err := checkTerminal(r.Terminal, spec.Process); err != nil {
 		return nil, errInvalid("container %s: %v", r.ID, err)
 	}
+	defer s.beginCreate()()
 	s.bootMu.Lock()
 	defer s.bootMu.Unlock()
 	s.mu.Lock()
@@ -540,6 +545,9 @@ func (s *service) Delete(ctx context.Context, r *taskapi.DeleteRequest) (*taskap
 	s.mu.Lock()
 	delete(s.containers, c.id)
 	last := len(s.containers) == 0
+	if last {
+		s.idleSince = time.Now()
+	}
 	s.mu.Unlock()
 	if last {
 		// Tear the VM down before the rootfs unmount, so virtiofsd lets go of it.
