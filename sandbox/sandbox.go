@@ -492,6 +492,18 @@ func (s *Sandbox) Err() error {
 // Explain prefers the root cause (a dead daemon or VM) over the symptom
 // err, which a request to a dead guest reports.
 func (s *Sandbox) Explain(err error) error {
+	if brokenChannel(err) {
+		// The agent's channel breaks the moment QEMU dies, a little before
+		// the process watcher has reaped it: give the watcher that moment,
+		// so the error names the VM's death rather than a closed channel.
+		t := time.NewTimer(explainWait)
+		select {
+		case <-s.failed:
+		case <-s.stopping:
+		case <-t.C:
+		}
+		t.Stop()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.explainLocked(err)
