@@ -24,9 +24,9 @@ import (
 	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 )
 
-// fakeAgent is an in-process stand-in for the guest agent (the real one runs
-// only inside a VM; test/guest covers it). It records requests and serves a
-// scripted stdout.
+// fakeAgent is an in-process stand-in for the guest agent (the real one,
+// cmd/kata-fsx-agent, runs only inside a VM; test/guest boots it). It
+// records requests and serves a scripted stdout.
 type fakeAgent struct {
 	// The calls a test does not make stay unimplemented: the nil interface
 	// makes one panic, which fails the test that made it.

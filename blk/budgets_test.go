@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/kata-fsx/kata-fsx/blk/ext4"
+	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
 )
 
 // The budgets in Options reach the index and the synthesis that Build
@@ -33,7 +34,7 @@ func TestBuildHonoursBudgets(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			img, err := Build(context.Background(), []string{layer}, dir, Options{Budgets: tc.budgets})
+			img, err := build(context.Background(), []string{layer}, dir, Options{Budgets: tc.budgets})
 			if err == nil {
 				img.Close()
 				t.Fatalf("200 directories under %+v: built", tc.budgets)
@@ -50,9 +51,19 @@ func TestBuildHonoursBudgets(t *testing.T) {
 			}
 		})
 	}
-	img, err := Build(context.Background(), []string{layer}, t.TempDir(), Options{})
+	img, err := build(context.Background(), []string{layer}, t.TempDir(), Options{})
 	if err != nil {
 		t.Fatalf("default budgets: %v", err)
 	}
 	img.Close()
+}
+
+// build indexes layers (lowest first; a plain directory is one layer) and
+// synthesizes the image into dir/image.
+func build(ctx context.Context, layers []string, dir string, opts Options) (*ext4.Image, error) {
+	idx, err := overlayfs.FromLayers(ctx, layers, opts.Budgets.indexOptions(opts.CacheDir, opts.LayerKeys))
+	if err != nil {
+		return nil, fmt.Errorf("imagefs-blk: index rootfs: %w", err)
+	}
+	return synthesize(ctx, idx, dir, opts)
 }

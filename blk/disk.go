@@ -2,7 +2,7 @@
 // guest mounts as ext4. The image's tree is indexed (blk/index), the ext4
 // metadata synthesized with data left in place (blk/ext4), guest writes go
 // to a copy-on-write overlay (blk/overlay), and the disk is served to QEMU
-// over vhost-user-blk (blk/vhostuser), all in the caller's process.
+// over vhost-user-blk (blk/vhostblk), all in the caller's process.
 package blk
 
 import (
@@ -25,7 +25,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
 	"github.com/kata-fsx/kata-fsx/blk/overlay"
 	"github.com/kata-fsx/kata-fsx/blk/rawimage"
-	"github.com/kata-fsx/kata-fsx/blk/vhostuser"
+	"github.com/kata-fsx/kata-fsx/blk/vhostblk"
 )
 
 // Options configure one disk.
@@ -117,7 +117,7 @@ type Disk struct {
 	entry *imagestore.Entry // the store entry Image is, held until Close
 	base  *rawimage.Disk
 	dev   *overlay.Device
-	srv   *vhostuser.Server
+	srv   *vhostblk.Server
 }
 
 // Files in a disk directory, and the image store under a cache directory.
@@ -130,16 +130,6 @@ const (
 
 // ImageStoreDir is the node's image store under a cache directory.
 func ImageStoreDir(cacheDir string) string { return filepath.Join(cacheDir, storeDir) }
-
-// Build indexes layers (lowest first; a plain directory is one layer) and
-// synthesizes the image into dir/image.
-func Build(ctx context.Context, layers []string, dir string, opts Options) (*ext4.Image, error) {
-	idx, err := overlayfs.FromLayers(ctx, layers, opts.Budgets.indexOptions(opts.CacheDir, opts.LayerKeys))
-	if err != nil {
-		return nil, fmt.Errorf("imagefs-blk: index rootfs: %w", err)
-	}
-	return synthesize(ctx, idx, dir, opts)
-}
 
 // ext4Options are the synthesis options of opts.
 func ext4Options(opts Options) ext4.Options {
@@ -196,7 +186,7 @@ func serveImage(ctx context.Context, img *ext4.Image, overlayPath, socket string
 		d.base.Close()
 		return nil, fmt.Errorf("imagefs-blk: overlay %s: %w", overlayPath, err)
 	}
-	d.srv, err = vhostuser.Serve(ctx, socket, d.dev, vhostuser.Options{NumQueues: max(opts.NumQueues, 1), SegMax: segMax(opts.QueueSize)})
+	d.srv, err = vhostblk.Serve(ctx, socket, d.dev, vhostblk.Options{NumQueues: max(opts.NumQueues, 1), SegMax: segMax(opts.QueueSize)})
 	if err != nil {
 		d.dev.Close()
 		d.base.Close()

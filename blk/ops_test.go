@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/kata-fsx/kata-fsx/blk/vhostuser/blktest"
+	"github.com/kata-fsx/kata-fsx/blk/vhostblk/blktest"
 	"github.com/kata-fsx/kata-fsx/vhostuser/vhostusertest"
 )
 

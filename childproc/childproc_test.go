@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/test/helperproc"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 const helperEnv = "KATA_FSX_CHILDPROC_HELPER"
@@ -69,13 +70,9 @@ func TestChildDiesWithItsOwner(t *testing.T) {
 	helperproc.Kill(t, owner)
 	// The kernel signals the child as the owner's threads exit; the bound
 	// only keeps a broken build from hanging the test.
-	deadline := time.Now().Add(5 * time.Second)
-	for alive(pid) {
-		if time.Now().After(deadline) {
-			t.Fatalf("child %d outlived its owner's SIGKILL by 5 s", pid)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, 5*time.Second, func() (bool, error) {
+		return !alive(pid), fmt.Errorf("child %d outlived its owner's SIGKILL", pid)
+	})
 }
 
 // startFromDoomedThread runs start on a goroutine locked to its thread

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/node"
 	"github.com/kata-fsx/kata-fsx/nodecache"
-	"github.com/kata-fsx/kata-fsx/nodecache/node"
 )
 
 const cacheUsage = `usage: kata-fsx cache COMMAND

@@ -11,6 +11,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/host"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
+	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
 
 type status string
@@ -124,12 +125,12 @@ func hostChecks(c *config.Config, h *host.Host) []checkLine {
 	default:
 		d := h.Daemon
 		add(pass, "virtiofsd", fmt.Sprintf("%s: %s flavour, version %s", d.Path, flavourName(d.Flavour), d.Version), "")
-		if m, err := config.DaemonCacheMode(q.VirtioFSCache, d.Flavour); err != nil {
+		if m, err := d.Flavour.CacheMode(q.VirtioFSCache); err != nil {
 			add(fail, "virtiofsd cache mode", err.Error(), "")
 		} else {
 			add(pass, "virtiofsd cache mode", fmt.Sprintf("virtio_fs_cache = %q is %q for this daemon", q.VirtioFSCache, m), "")
 		}
-		if a, err := config.DaemonExtraArgs(q.VirtioFSExtraArgs, d.Flavour); err != nil {
+		if a, err := d.Flavour.ExtraArgs(q.VirtioFSExtraArgs); err != nil {
 			add(fail, "virtiofsd extra args", err.Error(), "")
 		} else {
 			add(pass, "virtiofsd extra args", fmt.Sprintf("%q", a), "")
@@ -220,11 +221,11 @@ func hostChecks(c *config.Config, h *host.Host) []checkLine {
 	return out
 }
 
-func flavourName(f config.DaemonFlavour) string {
+func flavourName(f virtiofs.Flavour) string {
 	switch f {
-	case config.FlavourC:
+	case virtiofs.FlavourC:
 		return "C (QEMU)"
-	case config.FlavourRust:
+	case virtiofs.FlavourRust:
 		return "Rust"
 	}
 	return strings.TrimSpace(string(f))

@@ -306,7 +306,7 @@ func decideForFile(c *config.Config, path, rootfsType string) (*PolicyInfo, erro
 	default:
 		return nil, fmt.Errorf("--rootfs-type %q: use overlay, dir or other", rootfsType)
 	}
-	d, err := config.Decide(c, config.Pod{Annotations: ann, Rootfs: r})
+	d, err := sandbox.Decide(sandbox.Spec{Config: c, Annotations: ann, Rootfs: r})
 	if err != nil {
 		return nil, err
 	}
@@ -382,7 +382,7 @@ func buildEnv(c *config.Config, h *host.Host) *EnvInfo {
 	if h.Daemon != nil {
 		info.Hypervisor.VirtioFSDaemonFlavour = string(h.Daemon.Flavour)
 		info.Hypervisor.VirtioFSDaemonVersion = h.Daemon.Version
-		if m, err := config.DaemonCacheMode(q.VirtioFSCache, h.Daemon.Flavour); err == nil {
+		if m, err := h.Daemon.Flavour.CacheMode(q.VirtioFSCache); err == nil {
 			info.Hypervisor.VirtioFSDaemonCache = m
 		}
 	}

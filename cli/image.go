@@ -25,6 +25,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/rawimage"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/content/lazyroot"
+	"github.com/kata-fsx/kata-fsx/node"
 )
 
 const imageUsage = `usage: kata-fsx image COMMAND
@@ -138,9 +139,9 @@ func defaultCacheDir() string {
 		return d
 	}
 	if c, err := config.Load("", config.DevPath()); err == nil {
-		return filepath.Join(c.KataFSX.ImagefsBlk.StateDir, "cache")
+		return node.LayoutOf(c).BlkCache()
 	}
-	return filepath.Join(config.Default().KataFSX.ImagefsBlk.StateDir, "cache")
+	return node.LayoutOf(config.Default()).BlkCache()
 }
 
 func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
@@ -290,7 +291,7 @@ func openLazy(ctx context.Context, spec string, prefetch bool, logf func(string,
 	if lc, err := config.Load("", config.DevPath()); err == nil {
 		c = lc
 	}
-	o := lazyroot.ConfigOptions(c, logf)
+	o := node.LazyRootOptions(c, logf)
 	o.Registry.Prefetch = o.Registry.Prefetch && prefetch
 	return lazyroot.Open(ctx, spec, o)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/metrics"
+	"github.com/kata-fsx/kata-fsx/node"
 	"github.com/kata-fsx/kata-fsx/sandbox"
 )
 
@@ -61,7 +62,7 @@ func runMonitor(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		if err != nil {
 			return fail(err)
 		}
-		dir = cfg.KataFSX.StateDir
+		dir = node.LayoutOf(cfg).Sandboxes()
 	}
 	m := &monitor{stateDir: dir, logf: func(format string, args ...any) { fmt.Fprintf(stderr, "kata-fsx monitor: "+format+"\n", args...) }}
 	srv, err := metrics.ServeTCP(*listen, metrics.Handler(func(s *metrics.Set) { m.collect(ctx, s) }))

@@ -23,13 +23,11 @@ import (
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
 
-	"github.com/kata-fsx/kata-fsx/agent"
-	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 	"github.com/kata-fsx/kata-fsx/blk"
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/content/lazyroot"
-	"github.com/kata-fsx/kata-fsx/nodecache/node"
+	"github.com/kata-fsx/kata-fsx/node"
 	"github.com/kata-fsx/kata-fsx/sandbox"
 )
 
@@ -115,7 +113,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer, defaul
 		if *backend != config.SharedFSImagefsBlk {
 			return fail(fmt.Errorf("--rootfs %s: a registry image is read lazily by --backend imagefs-blk only", *rootfs))
 		}
-		lazy, err = lazyroot.Open(ctx, *rootfs, lazyroot.ConfigOptions(c, func(format string, args ...any) {
+		lazy, err = lazyroot.Open(ctx, *rootfs, node.LazyRootOptions(c, func(format string, args ...any) {
 			fmt.Fprintf(stderr, "kata-fsx run: "+format+"\n", args...)
 		}))
 		if err != nil {
@@ -137,7 +135,7 @@ func runRun(ctx context.Context, args []string, stdout, stderr io.Writer, defaul
 			}
 			entries, layer, _, _ := c.KataFSX.ImagefsBlk.Budgets()
 			budgets := blk.Budgets{MaxEntries: entries, MaxLayerBytes: layer}
-			if idx, err = blk.IndexSource(ctx, *rootfs, filepath.Join(c.KataFSX.ImagefsBlk.StateDir, "cache"), budgets); err != nil {
+			if idx, err = blk.IndexSource(ctx, *rootfs, node.LayoutOf(c).BlkCache(), budgets); err != nil {
 				return fail(fmt.Errorf("--rootfs %s: %w", *rootfs, err))
 			}
 			rspec = config.Rootfs{Kind: config.RootfsImage, ImageRef: *rootfs}
@@ -315,8 +313,8 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 	if err := sb.CreateContainer(ctx, sandbox.ContainerSpec{ID: cid, RootfsDir: r.rootfs, OCI: spec}); err != nil {
 		return 1, err
 	}
-	a := sb.Agent()
-	if err := a.StartContainer(ctx, cid); err != nil {
+	g := sb.Guest()
+	if err := g.StartContainer(ctx, cid); err != nil {
 		err = sb.Explain(fmt.Errorf("start %q: %w", strings.Join(r.args, " "), err))
 		if grpcstatus.Code(err) == codes.NotFound {
 			return sandbox.ExitNotExecutable, err
@@ -343,7 +341,7 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 			stats.Lazy.FetchedAtFirstOutput = r.lazy.Stats().FetchedBytes
 		}
 	}}
-	copies := pumpOutput(streamCtx, a, cid, cid, stdout, errOut)
+	copies := pumpOutput(streamCtx, g, cid, cid, stdout, errOut)
 	if r.keep {
 		var code int
 		select {
@@ -358,7 +356,7 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 		// A virtio-serial channel takes one host connection at a time:
 		// hand it over to kata-fsx exec. Over vsock both can connect, and
 		// keeping ours lets Stop destroy the sandbox through the agent.
-		if _, serial := a.Transport().(agent.SerialTransport); serial {
+		if g.ExclusiveChannel() {
 			if err := sb.ReleaseAgent(); err != nil {
 				return code, err
 			}
@@ -379,7 +377,7 @@ func runOne(ctx context.Context, r runRequest, stdout, stderr io.Writer) (int, e
 	}
 	waited := make(chan result, 1)
 	go func() {
-		code, err := a.WaitProcess(ctx, cid, cid)
+		code, err := g.Wait(ctx, cid, cid)
 		waited <- result{code, err}
 	}()
 	var res result
@@ -418,23 +416,23 @@ func (f *firstWrite) Write(p []byte) (int, error) {
 
 // pumpOutput copies a process's stdout and stderr from the agent until they
 // end (or ctx does); wait on the result for both to be drained.
-func pumpOutput(ctx context.Context, a *agent.Client, cid, eid string, stdout, stderr io.Writer) *sync.WaitGroup {
+func pumpOutput(ctx context.Context, g *sandbox.Guest, cid, eid string, stdout, stderr io.Writer) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); io.Copy(stdout, a.StreamReader(ctx, cid, eid, false)) }()
-	go func() { defer wg.Done(); io.Copy(stderr, a.StreamReader(ctx, cid, eid, true)) }()
+	go func() { defer wg.Done(); io.Copy(stdout, g.Output(ctx, cid, eid, false)) }()
+	go func() { defer wg.Done(); io.Copy(stderr, g.Output(ctx, cid, eid, true)) }()
 	return &wg
 }
 
 // pumpInput copies in to a process's stdin until in ends, then closes the
 // process's stdin; a process that exits first ends the copy with an error
 // from the agent, which is not worth reporting.
-func pumpInput(ctx context.Context, a *agent.Client, cid, eid string, in io.Reader, stderr io.Writer) {
+func pumpInput(ctx context.Context, g *sandbox.Guest, cid, eid string, in io.Reader, stderr io.Writer) {
 	buf := make([]byte, 256<<10)
 	for {
 		n, rerr := in.Read(buf)
 		if n > 0 {
-			if _, err := a.WriteStdin(ctx, cid, eid, buf[:n]); err != nil {
+			if _, err := g.WriteStdin(ctx, cid, eid, buf[:n]); err != nil {
 				return
 			}
 		}
@@ -442,7 +440,7 @@ func pumpInput(ctx context.Context, a *agent.Client, cid, eid string, in io.Read
 			if rerr != io.EOF {
 				fmt.Fprintf(stderr, "kata-fsx exec: stdin: %v\n", rerr)
 			}
-			if err := a.CloseStdin(ctx, cid, eid); err != nil && ctx.Err() == nil {
+			if err := g.CloseStdin(ctx, cid, eid); err != nil && ctx.Err() == nil {
 				fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
 			}
 			return
@@ -514,24 +512,22 @@ func runExec(ctx context.Context, args []string, stdout, stderr io.Writer, defau
 		fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
 		return 1
 	}
-	transport, err := sandbox.DialTransport(c, id)
+	g, err := sandbox.DialGuest(ctx, c, id, 30*time.Second)
 	if err != nil {
 		fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
 		return 1
 	}
-	a, err := agent.Dial(ctx, transport, 30*time.Second)
-	if err != nil {
-		fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
-		return 1
-	}
-	defer a.Close()
+	defer g.Close()
 	b := make([]byte, 6)
 	rand.Read(b)
 	eid := "exec-" + hex.EncodeToString(b)
-	err = a.ExecProcess(ctx, &pb.ExecProcessRequest{ContainerId: id, ExecId: eid, Process: &pb.Process{
-		Args: cmd, Cwd: "/", User: &pb.User{},
-		Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"},
-	}})
+	ps, err := sandbox.NewProcessSpec(&specs.Process{Args: cmd, Cwd: "/",
+		Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}})
+	if err != nil {
+		fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
+		return 1
+	}
+	err = g.Exec(ctx, id, eid, ps)
 	if err != nil {
 		fmt.Fprintf(stderr, "kata-fsx exec: %v\n", err)
 		if grpcstatus.Code(err) == codes.NotFound {
@@ -539,12 +535,12 @@ func runExec(ctx context.Context, args []string, stdout, stderr io.Writer, defau
 		}
 		return 1
 	}
-	copies := pumpOutput(ctx, a, id, eid, stdout, stderr)
+	copies := pumpOutput(ctx, g, id, eid, stdout, stderr)
 	if *interactive {
-		go pumpInput(ctx, a, id, eid, os.Stdin, stderr)
+		go pumpInput(ctx, g, id, eid, os.Stdin, stderr)
 	} else {
 		// Best effort: a process that has already exited has no stdin left.
-		_ = a.CloseStdin(ctx, id, eid)
+		_ = g.CloseStdin(ctx, id, eid)
 	}
 	// Interrupted (SIGINT/SIGTERM cancel ctx), the exec is killed in the
 	// guest too: a command left running there would outlive its caller.
@@ -553,11 +549,11 @@ func runExec(ctx context.Context, args []string, stdout, stderr io.Writer, defau
 		defer close(killed)
 		kctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := a.SignalProcess(kctx, id, eid, syscall.SIGKILL); err != nil {
+		if err := g.Signal(kctx, id, eid, syscall.SIGKILL); err != nil {
 			fmt.Fprintf(stderr, "kata-fsx exec: interrupted; killing %s in the guest: %v\n", eid, err)
 		}
 	})
-	code, err := a.WaitProcess(ctx, id, eid)
+	code, err := g.Wait(ctx, id, eid)
 	if !stopKill() {
 		<-killed // the client must outlive the kill
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/klauspost/compress/gzip"
 	"golang.org/x/sys/unix"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // cliEnv makes the test binary run the kata-fsx command line (cli.Run,
@@ -191,15 +194,15 @@ func TestImageBuildSIGTERMMidLayer(t *testing.T) {
 	ociLayout(t, layout, blob, digest([]byte("whatever")))
 	out, cache := filepath.Join(work, "out"), filepath.Join(work, "cache")
 	cmd, stderr := startCLI(t, "image", "build", "-q", "--cache", cache, "-o", out, "oci:"+layout)
-	// Wait for the inflation to be under way: its temp file exists.
-	deadline := time.Now().Add(20 * time.Second)
-	for len(leftFiles(t, cache)) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no blob being written after 20s (stderr: %s)", stderr)
+	// Wait for the inflation to be under way: its temp file has grown.
+	testenv.Eventually(t, 20*time.Second, func() (bool, error) {
+		for _, p := range leftFiles(t, cache) {
+			if fi, err := os.Stat(p); err == nil && fi.Size() >= 1<<20 {
+				return true, nil
+			}
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	time.Sleep(300 * time.Millisecond)
+		return false, fmt.Errorf("no blob of 1 MiB being written (stderr: %s)", stderr)
+	})
 	t0 := time.Now()
 	cmd.Process.Signal(syscall.SIGTERM)
 	err := waitExit(t, cmd, 5*time.Second, "image build after SIGTERM")

@@ -121,7 +121,7 @@ func validConfig(t *testing.T) *Config {
 
 func TestValidateOK(t *testing.T) {
 	c := validConfig(t)
-	if err := Validate(c, HostFacts{DaemonFlavour: FlavourC, QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 8192}); err != nil {
+	if err := Validate(c, HostFacts{QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 8192}); err != nil {
 		t.Fatalf("valid configuration refused: %v", err)
 	}
 }
@@ -132,13 +132,13 @@ func TestValidateAgentTransports(t *testing.T) {
 	for _, tr := range []string{TransportAuto, TransportVsock, TransportHybridVsock, TransportVirtioSerial} {
 		c := validConfig(t)
 		c.KataFSX.AgentTransport = tr
-		if err := Validate(c, HostFacts{DaemonFlavour: FlavourC, QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 8192}); err != nil {
+		if err := Validate(c, HostFacts{QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 8192}); err != nil {
 			t.Errorf("agent_transport = %q refused: %v", tr, err)
 		}
 	}
 	c := validConfig(t)
 	c.QEMU().SharedFS = SharedFS9P
-	if err := Validate(c, HostFacts{DaemonFlavour: FlavourC, QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 64}); err != nil {
+	if err := Validate(c, HostFacts{QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 64}); err != nil {
 		t.Errorf("9p over virtio-serial needs no /dev/shm: %v", err)
 	}
 }
@@ -148,7 +148,7 @@ func TestValidateAgentTransports(t *testing.T) {
 // in /dev/shm still needs the room there.
 func TestValidateMemfdGuestRAMIgnoresShm(t *testing.T) {
 	c := validConfig(t)
-	full := HostFacts{DaemonFlavour: FlavourC, QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 0, GuestRAMMemfd: true}
+	full := HostFacts{QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 0, GuestRAMMemfd: true}
 	if err := Validate(c, full); err != nil {
 		t.Errorf("memfd guest RAM refused for a full /dev/shm: %v", err)
 	}
@@ -160,7 +160,7 @@ func TestValidateMemfdGuestRAMIgnoresShm(t *testing.T) {
 }
 
 func TestValidateErrorsNameTheKey(t *testing.T) {
-	host := HostFacts{DaemonFlavour: FlavourC, QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 8192}
+	host := HostFacts{QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 8192}
 	cases := []struct {
 		name  string
 		edit  func(c *Config, h *HostFacts)
@@ -174,14 +174,8 @@ func TestValidateErrorsNameTheKey(t *testing.T) {
 		{"daemon not executable", func(c *Config, h *HostFacts) {
 			c.QEMU().VirtioFSDaemon = writeFile(t, filepath.Join(t.TempDir(), "vfsd"), "x", 0o644)
 		}, "hypervisor.qemu.virtio_fs_daemon", "not executable"},
-		{"C daemon metadata cache", func(c *Config, h *HostFacts) { c.QEMU().VirtioFSCache = "metadata" }, "hypervisor.qemu.virtio_fs_cache", "C virtiofsd accepts only"},
-		{"Rust daemon none-like bogus cache", func(c *Config, h *HostFacts) { c.QEMU().VirtioFSCache = "sometimes"; h.DaemonFlavour = FlavourRust }, "hypervisor.qemu.virtio_fs_cache", "Rust virtiofsd accepts only"},
-		{"-o cache to Rust", func(c *Config, h *HostFacts) {
-			c.QEMU().VirtioFSExtraArgs = []string{"-o", "cache=always"}
-			h.DaemonFlavour = FlavourRust
-		}, "hypervisor.qemu.virtio_fs_extra_args", "C virtiofsd's -o dialect"},
-		{"--cache to C", func(c *Config, h *HostFacts) { c.QEMU().VirtioFSExtraArgs = []string{"--cache=always"} }, "hypervisor.qemu.virtio_fs_extra_args", "Rust virtiofsd's dialect"},
-		{"-o source to C", func(c *Config, h *HostFacts) { c.QEMU().VirtioFSExtraArgs = []string{"-o", "source=/x"} }, "hypervisor.qemu.virtio_fs_extra_args", "sets -o source itself"},
+		{"unknown cache mode", func(c *Config, h *HostFacts) { c.QEMU().VirtioFSCache = "sometimes" }, "hypervisor.qemu.virtio_fs_cache", "unknown cache mode"},
+		{"the daemon's dialect", func(c *Config, h *HostFacts) { h.Dialect = refusingDialect{} }, "hypervisor.qemu.virtio_fs_extra_args", "not in this dialect"},
 		{"DAX unsupported", func(c *Config, h *HostFacts) { c.QEMU().VirtioFSCacheSize = 1024 }, "hypervisor.qemu.virtio_fs_cache_size", "cache-size"},
 		{"DAX window too big", func(c *Config, h *HostFacts) {
 			c.QEMU().VirtioFSCacheSize = 1 << 20
@@ -231,28 +225,12 @@ func unjoin(err error) []error {
 	return []error{err}
 }
 
-func TestCacheModeTranslation(t *testing.T) {
-	for _, tc := range []struct {
-		mode string
-		f    DaemonFlavour
-		want string
-	}{
-		{"never", FlavourC, "none"}, {"none", FlavourRust, "never"}, {"always", FlavourC, "always"}, {"metadata", FlavourRust, "metadata"},
-	} {
-		got, err := DaemonCacheMode(tc.mode, tc.f)
-		if err != nil || got != tc.want {
-			t.Errorf("DaemonCacheMode(%s, %s) = %q, %v; want %q", tc.mode, tc.f, got, err, tc.want)
-		}
-	}
-}
+// refusingDialect is a daemon dialect that accepts every cache mode and
+// refuses every extra argument list, so that a test sees Validate ask it.
+type refusingDialect struct{}
 
-func TestExtraArgsTranslation(t *testing.T) {
-	got, err := DaemonExtraArgs([]string{"--thread-pool-size=1", "--announce-submounts"}, FlavourC)
-	if err != nil || strings.Join(got, " ") != "--thread-pool-size=1 -o announce_submounts" {
-		t.Fatalf("C: %q %v", got, err)
-	}
-	got, err = DaemonExtraArgs([]string{"--thread-pool-size=4", "-o", "xattr,announce_submounts"}, FlavourRust)
-	if err != nil || strings.Join(got, " ") != "--thread-pool-size=4 --xattr --announce-submounts" {
-		t.Fatalf("Rust: %q %v", got, err)
-	}
+func (refusingDialect) CacheMode(mode string) (string, error) { return mode, nil }
+
+func (refusingDialect) ExtraArgs(args []string) ([]string, error) {
+	return nil, &Error{Key: "hypervisor.qemu.virtio_fs_extra_args", Problem: "not in this dialect", Fix: "any"}
 }

@@ -1,11 +1,8 @@
 package config
 
 import (
-	"encoding/json"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strings"
 	"testing"
 )
 
@@ -34,10 +31,8 @@ func FuzzLoadFile(f *testing.F) {
 		if err != nil {
 			return
 		}
-		_ = Validate(c, HostFacts{DaemonFlavour: FlavourC})
-		_ = Validate(c, HostFacts{DaemonFlavour: FlavourRust})
-		_, _ = DaemonExtraArgs(c.QEMU().VirtioFSExtraArgs, FlavourRust)
-		_, _ = DaemonExtraArgs(c.QEMU().VirtioFSExtraArgs, FlavourC)
+		_ = Validate(c, HostFacts{})
+		_ = Validate(c, HostFacts{Dialect: refusingDialect{}})
 	})
 }
 
@@ -53,64 +48,5 @@ func FuzzApplyAnnotations(f *testing.F) {
 		c.QEMU().EnableAnnotations = []string{enable}
 		c.QEMU().ValidVirtioFSDaemonPaths = []string{"/usr/lib/qemu/*"}
 		_, _ = Decide(c, Pod{Annotations: map[string]string{AnnotationHypervisorPrefix + key: value}, Rootfs: Rootfs{Kind: RootfsDir, Layers: []string{"/r"}}})
-	})
-}
-
-// podWord is the oracle of FuzzPodExtraArgs, written apart from the parser:
-// every word a pod's arguments may become, in the canonical dialect, and
-// in the C daemon's once translated.
-var (
-	podWord  = regexp.MustCompile(`^--(thread-pool-size=([0-9]|[1-5][0-9]|6[0-4])|xattr|no-xattr|announce-submounts|writeback|allow-direct-io|no-readdirplus)$`)
-	podCWord = regexp.MustCompile(`^(--thread-pool-size=([0-9]|[1-5][0-9]|6[0-4])|-o|xattr|no_xattr|announce_submounts|writeback|allow_direct_io|no_readdirplus)$`)
-)
-
-// FuzzPodExtraArgs feeds hostile virtio_fs_extra_args annotations, as raw
-// JSON and as lists of up to four arbitrary words: whatever is accepted
-// must reach either daemon as allow-listed words only.
-func FuzzPodExtraArgs(f *testing.F) {
-	f.Add(`["--thread-pool-size","4","-o","xattr,announce_submounts"]`, "--writeback", "-ono_xattr", "--", "--sandbox=none")
-	f.Add(`["-o","modcaps=+sys_admin"]`, "--thread-pool-size", "--seccomp=none", "-o", "source=/")
-	f.Add(`["--shared-dir=/"]`, "\u2014xattr", "--thread-pool-size=64", "-o", "xattr,,writeback")
-	f.Fuzz(func(t *testing.T, raw, a, b, c, d string) {
-		c0 := Default()
-		c0.QEMU().EnableAnnotations = []string{".*"}
-		lists := []string{raw}
-		for n := 1; n <= 4; n++ {
-			words, _ := json.Marshal([]string{a, b, c, d}[:n])
-			lists = append(lists, string(words))
-		}
-		for _, v := range lists {
-			eff, err := ApplyAnnotations(c0, map[string]string{AnnotationVirtioFSExtraArgs: v})
-			if err != nil {
-				if !strings.Contains(err.Error(), AnnotationVirtioFSExtraArgs) && !strings.Contains(err.Error(), "virtiofsd extra arguments") {
-					t.Fatalf("%s: error does not name the annotation: %v", v, err)
-				}
-				continue
-			}
-			args := eff.QEMU().VirtioFSExtraArgs
-			for _, w := range args {
-				if !podWord.MatchString(w) {
-					t.Fatalf("%s: accepted %q", v, w)
-				}
-			}
-			cargs, err := DaemonExtraArgs(args, FlavourC)
-			if err != nil {
-				t.Fatalf("%s: accepted for the pod but not translatable for C: %v", v, err)
-			}
-			for _, w := range cargs {
-				if !podCWord.MatchString(w) {
-					t.Fatalf("%s: C daemon gets %q", v, w)
-				}
-			}
-			rargs, err := DaemonExtraArgs(args, FlavourRust)
-			if err != nil {
-				t.Fatalf("%s: accepted for the pod but not translatable for Rust: %v", v, err)
-			}
-			for _, w := range rargs {
-				if !podWord.MatchString(w) || w == "--no-xattr" {
-					t.Fatalf("%s: Rust daemon gets %q", v, w)
-				}
-			}
-		}
 	})
 }

@@ -8,7 +8,7 @@ import (
 )
 
 func TestInterNetworkingModel(t *testing.T) {
-	host := HostFacts{DaemonFlavour: FlavourC, QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 8192}
+	host := HostFacts{QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 8192}
 	if got := Default().InterNetworking(); got != "tcfilter" {
 		t.Errorf("default internetworking_model: %q, want Kata's tcfilter", got)
 	}

@@ -9,7 +9,7 @@ import (
 )
 
 func TestSnapshotterTable(t *testing.T) {
-	host := HostFacts{DaemonFlavour: FlavourC, QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 8192}
+	host := HostFacts{QEMUProbed: true, HostMemMiB: 16384, ShmProbed: true, ShmFreeMiB: 8192}
 	c, err := LoadFile(writeFile(t, filepath.Join(t.TempDir(), "c.toml"), "[hypervisor.qemu]\n", 0o644))
 	if err != nil {
 		t.Fatal(err)

@@ -11,12 +11,14 @@ import (
 // probes it (virtiofs.Detect, hypervisor.Probe, /proc/meminfo, statfs).
 // Zero values mean "not probed" and skip the checks that need them.
 type HostFacts struct {
-	DaemonFlavour DaemonFlavour // flavour of virtio_fs_daemon
-	QEMUProbed    bool          // QEMUHasDAX is meaningful
-	QEMUHasDAX    bool          // vhost-user-fs-pci has a cache-size property
-	HostMemMiB    uint64        // MemTotal
-	ShmFreeMiB    uint64        // free space of /dev/shm
-	ShmProbed     bool
+	// Dialect is virtio_fs_daemon's command-line dialect (its
+	// virtiofs.Flavour); nil checks the settings against Kata's spellings only.
+	Dialect    DaemonDialect
+	QEMUProbed bool   // QEMUHasDAX is meaningful
+	QEMUHasDAX bool   // vhost-user-fs-pci has a cache-size property
+	HostMemMiB uint64 // MemTotal
+	ShmFreeMiB uint64 // free space of /dev/shm
+	ShmProbed  bool
 	// AgentSharesMemory: the agent transport the host resolved is hybrid
 	// vsock, a vhost-user device, so guest RAM is shared whatever shared_fs is.
 	AgentSharesMemory bool
@@ -70,11 +72,17 @@ func Validate(c *Config, host HostFacts) error {
 			add(&Error{Key: "hypervisor.qemu.virtio_fs_daemon", Value: q.VirtioFSDaemon, Problem: err.Error(), Host: true,
 				Fix: "install virtiofsd (Debian: qemu-system-common ships /usr/lib/qemu/virtiofsd) or correct the path"})
 		} else if c.NeedsVirtioFS() || c.SharedFS() == SharedFSImagefsBlk {
-			if _, err := DaemonCacheMode(q.VirtioFSCache, host.DaemonFlavour); err != nil {
-				errs = append(errs, err)
-			}
-			if _, err := DaemonExtraArgs(q.VirtioFSExtraArgs, host.DaemonFlavour); err != nil {
-				errs = append(errs, err)
+			if host.Dialect == nil {
+				if err := CheckVirtioFSCache(q.VirtioFSCache); err != nil {
+					errs = append(errs, err)
+				}
+			} else {
+				if _, err := host.Dialect.CacheMode(q.VirtioFSCache); err != nil {
+					errs = append(errs, err)
+				}
+				if _, err := host.Dialect.ExtraArgs(q.VirtioFSExtraArgs); err != nil {
+					errs = append(errs, err)
+				}
 			}
 		}
 	}

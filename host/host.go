@@ -264,7 +264,7 @@ func (h *Host) Facts() config.HostFacts {
 		f.QEMUProbed, f.QEMUHasDAX = true, h.QEMU.DAX
 	}
 	if h.Daemon != nil {
-		f.DaemonFlavour = h.Daemon.Flavour
+		f.Dialect = h.Daemon.Flavour
 	}
 	if h.ShmErr == nil {
 		f.ShmProbed, f.ShmFreeMiB = true, h.ShmFreeMiB

@@ -13,6 +13,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
 	"github.com/kata-fsx/kata-fsx/test/testenv"
+	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
 
 const debianVirtiofsd = "/usr/lib/qemu/virtiofsd"
@@ -43,7 +44,7 @@ func TestProbeThisHost(t *testing.T) {
 	if !h.QEMU.VhostUserBlk || !h.QEMU.VhostUserFS || !h.QEMU.VirtioSerial {
 		t.Errorf("QEMU lacks devices kata-fsx uses: %+v", h.QEMU)
 	}
-	if h.DaemonErr != nil || h.Daemon == nil || h.Daemon.Flavour != config.FlavourC {
+	if h.DaemonErr != nil || h.Daemon == nil || h.Daemon.Flavour != virtiofs.FlavourC {
 		t.Errorf("virtiofsd: %+v, %v", h.Daemon, h.DaemonErr)
 	}
 
@@ -107,7 +108,7 @@ func TestProbeThisHost(t *testing.T) {
 
 	facts := h.Facts()
 	want := config.HostFacts{
-		DaemonFlavour: config.FlavourC, QEMUProbed: true, QEMUHasDAX: h.QEMU.DAX,
+		Dialect: virtiofs.FlavourC, QEMUProbed: true, QEMUHasDAX: h.QEMU.DAX,
 		HostMemMiB: h.Memory.TotalKiB >> 10, ShmProbed: h.ShmErr == nil, ShmFreeMiB: h.ShmFreeMiB,
 		GuestRAMMemfd:     true, // memfd_create works here (checked above)
 		AgentSharesMemory: wantTransport == config.TransportHybridVsock,
@@ -136,7 +137,7 @@ func TestProbeMissingBinaries(t *testing.T) {
 		t.Errorf("explicit tcg: %s (%s)", h.Accel, h.AccelReason)
 	}
 	f := h.Facts()
-	if f.QEMUProbed || f.DaemonFlavour != "" {
+	if f.QEMUProbed || f.Dialect != nil {
 		t.Errorf("facts of missing binaries: %+v", f)
 	}
 

@@ -58,15 +58,6 @@ type Plan struct {
 	Hotplug *HotplugAllocator
 }
 
-// BuildArgs returns the QEMU argv (without the binary) for vm; see Build.
-func BuildArgs(vm *VMConfig) ([]string, error) {
-	p, err := Build(vm)
-	if err != nil {
-		return nil, err
-	}
-	return p.Args, nil
-}
-
 // GuestRAMDir returns the directory whose file system holds the guest's
 // RAM: MemPath (default /dev/shm) with SharedMemoryFile, where QEMU creates
 // the RAM file, and "" otherwise (a memfd or private RAM lives in no file

@@ -71,7 +71,7 @@ type AgentChannel struct {
 	SocketPath string
 }
 
-// VMConfig is everything BuildArgs and Start need to run one sandbox VM.
+// VMConfig is everything Build and Start need to run one sandbox VM.
 // Sizes are in MiB as in configuration.toml.
 type VMConfig struct {
 	// Name is the VM name (-name); ID-like, e.g. "sandbox-<id>".

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kata-fsx/kata-fsx/test/helperproc"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // ownerEnv makes TestOwnerHelper start a VM named by its value and wait.
@@ -72,13 +73,9 @@ func TestQEMUDiesWithItsOwner(t *testing.T) {
 	helperproc.Kill(t, owner)
 	// The bound is the requirement's: nothing of the VM runs 5 s after its
 	// owner's death.
-	deadline := time.Now().Add(5 * time.Second)
-	for len(qemuNamed(name)) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("QEMU %d outlived its owner by 5 s", pids[0])
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, 5*time.Second, func() (bool, error) {
+		return len(qemuNamed(name)) == 0, fmt.Errorf("QEMU %d outlived its owner", pids[0])
+	})
 }
 
 // TestQEMUOutlivesItsStarterThread: a VM started from a goroutine locked

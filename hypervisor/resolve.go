@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kata-fsx/kata-fsx/atomicfile"
 )
 
 // kvmBootTimeout bounds the KVM boot probe; a working KVM boots the probe
@@ -67,10 +69,7 @@ func ResolveAccel(ctx context.Context, qemuPath, kernel, cacheDir string) (Accel
 	if cache != "" {
 		if err := os.MkdirAll(cacheDir, 0o700); err == nil {
 			if b, err := json.Marshal(v); err == nil {
-				tmp := cache + ".tmp"
-				if os.WriteFile(tmp, b, 0o600) == nil {
-					_ = os.Rename(tmp, cache)
-				}
+				_ = atomicfile.WriteFile(cache, b, 0o600)
 			}
 		}
 	}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // These tests build real namespaces with ip(8) and read them back with
@@ -21,13 +23,9 @@ import (
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces")
-	}
+	testenv.Root(t, "creating network namespaces")
 	for _, tool := range []string{"ip", "tc"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s (iproute2)", tool)
-		}
+		testenv.Tool(t, tool, "iproute2")
 	}
 }
 

@@ -11,27 +11,13 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kata-fsx/kata-fsx/atomicfile"
 )
 
-// TestPauseEnv names the environment variable that makes a process stop,
-// forever, at the named step of a removal ("prune": after a prune's first
-// removal; "content-remove": between the two unlinks of a lazy store
-// layer), after printing "nodecache: paused at STEP" to stderr. Tests kill
-// the process there to show a crash leaves nothing torn.
-const TestPauseEnv = "KATA_FSX_CACHE_TEST_PAUSE"
-
-// TestPause blocks forever when TestPauseEnv names step; see TestPauseEnv.
-func TestPause(step string) {
-	if os.Getenv(TestPauseEnv) != step {
-		return
-	}
-	fmt.Fprintf(os.Stderr, "nodecache: paused at %s\n", step)
-	select {}
-}
-
 // TempPrefix starts the names of the temporary files the caches write and
-// rename into place.
-const TempPrefix = ".tmp-"
+// rename into place (atomicfile's).
+const TempPrefix = atomicfile.TempPrefix
 
 // StaleTemp is the age after which a temporary file is taken for one left
 // by a crash: younger, it may be a write in progress.
@@ -50,24 +36,6 @@ func Usage(st *unix.Stat_t) (bytes int64, mtime time.Time) {
 func Touch(p string) {
 	ts := []unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_NOW}}
 	_ = unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW)
-}
-
-// OpenShared opens the cache file p for reading with LockShared.
-func OpenShared(p string) (*os.File, error) {
-	for try := 0; ; try++ {
-		f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return nil, err
-		}
-		err = LockShared(f, p)
-		if err == nil {
-			return f, nil
-		}
-		f.Close()
-		if !errors.Is(err, errReplaced) || try == 3 {
-			return nil, err
-		}
-	}
 }
 
 // errReplaced: the path names another file than the one opened.
@@ -124,7 +92,7 @@ func samePath(f *os.File, p string) (bool, error) {
 }
 
 // RemoveUnlocked unlinks p unless a user holds its shared flock
-// (OpenShared): it takes the exclusive lock without waiting (ErrInUse
+// (LockShared): it takes the exclusive lock without waiting (ErrInUse
 // when refused) and unlinks p only if p still names the file it locked.
 // A user that opens p meanwhile waits for the lock, then finds p gone. A
 // missing p is not an error.
@@ -181,7 +149,7 @@ type Dir struct {
 	// Suffix ends every entry's file name (".idx"); other files are not
 	// the cache's.
 	Suffix string
-	// Locked says users hold shared flocks on entries (OpenShared): an
+	// Locked says users hold shared flocks on entries (LockShared): an
 	// entry so held is in use, and Remove refuses it.
 	Locked bool
 	// Note describes an entry for `kata-fsx cache ls`; nil for none.

@@ -14,7 +14,7 @@
 // only for a removal that waits for nothing, and a removal never waits for
 // a user: neither can wait, through the other, on a holder of its own.
 // Prune takes no lock of its own; an automatic prune holds the node's
-// prune lock (node.AutoPrune), which everyone else tries without waiting.
+// prune lock (node.AutoPrune in package node), which everyone else tries without waiting.
 // The one removal that waits is the content store's, for its layer's
 // header and chunk locks, which users hold only while they open the layer
 // or fetch a chunk: within initLockWait in all and the prune's context.

@@ -138,7 +138,6 @@ func Prune(ctx context.Context, c Cache, budget int64, o PruneOptions) (Result, 
 		return compareStrings(a.Key, b.Key)
 	})
 	cutoff := now().Add(-o.MinAge)
-	removed := 0
 	for _, e := range es {
 		if r.After <= budget {
 			break
@@ -178,10 +177,6 @@ func Prune(ctx context.Context, c Cache, budget int64, o PruneOptions) (Result, 
 		r.Removed = append(r.Removed, e)
 		r.After -= e.Bytes
 		logf("cache %s: removed %s (%s, last used %s)", r.Cache, e.Key, Size(e.Bytes), e.LastUsed.UTC().Format(time.RFC3339))
-		removed++
-		if removed == 1 {
-			TestPause("prune")
-		}
 	}
 	return r, nil
 }

@@ -12,12 +12,15 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kata-fsx/kata-fsx/test/helperproc"
 )
 
 // helperEnv makes the test binary a helper process (TestHelperProcess):
 // "hold PATH" holds PATH's shared lock until killed; "prune DIR BUDGET"
-// prunes a locked Dir cache of DIR to BUDGET bytes.
+// prunes a locked Dir cache of DIR to BUDGET bytes, pausing after its
+// first removal.
 const helperEnv = "NODECACHE_TEST_HELPER"
 
 // TestHelperProcess is not a test: it is the helper process the tests
@@ -29,7 +32,7 @@ func TestHelperProcess(t *testing.T) {
 	}
 	switch args[0] {
 	case "hold":
-		f, err := OpenShared(args[1])
+		f, err := openShared(args[1])
 		if err != nil {
 			fmt.Println("error:", err)
 			os.Exit(1)
@@ -39,10 +42,27 @@ func TestHelperProcess(t *testing.T) {
 		select {}
 	case "prune":
 		budget, _ := strconv.ParseInt(args[2], 10, 64)
-		r, err := Prune(context.Background(), &Dir{CacheName: "test", Path: args[1], Suffix: ".e", Locked: true}, budget, PruneOptions{})
+		c := &pauseAfterRemove{Cache: &Dir{CacheName: "test", Path: args[1], Suffix: ".e", Locked: true}, step: "prune"}
+		r, err := Prune(context.Background(), c, budget, PruneOptions{})
 		fmt.Println(r.Summary(), err)
 		os.Exit(0)
 	}
+}
+
+// pauseAfterRemove is Cache, whose first removal pauses the helper
+// process (helperproc.Pause) once it is done: its test kills the helper
+// in the middle of a prune.
+type pauseAfterRemove struct {
+	Cache
+	step string
+}
+
+func (p *pauseAfterRemove) Remove(ctx context.Context, key string) error {
+	err := p.Cache.Remove(ctx, key)
+	if err == nil {
+		helperproc.Pause(p.step)
+	}
+	return err
 }
 
 // writeEntries writes n entries of a Dir cache (suffix ".e"), entry i of
@@ -200,8 +220,8 @@ func TestPruneSkipsHeld(t *testing.T) {
 	if err != nil || strings.Join(keys(r.Removed), ",") != "k1" || r.OverBudget() {
 		t.Fatalf("after the holder died: removed %v, %v", keys(r.Removed), err)
 	}
-	if _, err := OpenShared(ps[1]); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("OpenShared of a pruned entry: %v, want not exist", err)
+	if _, err := openShared(ps[1]); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("openShared of a pruned entry: %v, want not exist", err)
 	}
 }
 
@@ -210,7 +230,7 @@ func TestPruneSkipsHeld(t *testing.T) {
 func TestPruneKilled(t *testing.T) {
 	dir := t.TempDir()
 	writeEntries(t, dir, 4)
-	cmd := helperproc.Start(t, "TestHelperProcess", "nodecache: paused at prune", helperEnv+"=prune "+dir+" 0", TestPauseEnv+"=prune")
+	cmd := helperproc.Start(t, "TestHelperProcess", "helperproc: paused at prune", helperEnv+"=prune "+dir+" 0")
 	helperproc.Kill(t, cmd)
 	c := &Dir{CacheName: "test", Path: dir, Suffix: ".e", Locked: true}
 	es, err := c.Entries(context.Background())
@@ -285,5 +305,23 @@ func TestUnion(t *testing.T) {
 	}
 	if err := u.Remove(context.Background(), "c/k0"); err == nil {
 		t.Fatal("Remove of an unknown part succeeded")
+	}
+}
+
+// openShared opens the cache file p for reading with LockShared.
+func openShared(p string) (*os.File, error) {
+	for try := 0; ; try++ {
+		f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, err
+		}
+		err = LockShared(f, p)
+		if err == nil {
+			return f, nil
+		}
+		f.Close()
+		if !errors.Is(err, errReplaced) || try == 3 {
+			return nil, err
+		}
 	}
 }

@@ -11,10 +11,12 @@ import (
 
 	"github.com/kata-fsx/kata-fsx/blk"
 	"github.com/kata-fsx/kata-fsx/blk/index"
+	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/node"
 	"github.com/kata-fsx/kata-fsx/nodecache"
-	"github.com/kata-fsx/kata-fsx/nodecache/node"
 	"github.com/kata-fsx/kata-fsx/test/registrytest"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // TestDiskBuiltCaches: once a disk of an OCI image is built and served,
@@ -66,7 +68,7 @@ func TestDiskBuiltCaches(t *testing.T) {
 	s := &Sandbox{ID: "caches", cfg: cfg, life: ctx, pruneCaches: node.AutoPrune}
 	<-s.diskBuilt(serveCtx, d, opts)
 
-	blobs := index.BlobCache(opts.CacheDir)
+	blobs := hostfs.BlobCache(opts.CacheDir)
 	es, err := blobs.Entries(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -94,17 +96,11 @@ func TestDiskBuiltCaches(t *testing.T) {
 	}
 	stopServing()
 	// The hold ends with serving (released by an AfterFunc): wait for it.
-	for deadline := time.Now().Add(30 * time.Second); ; {
+	testenv.Eventually(t, 30*time.Second, func() (bool, error) {
 		r, err := nodecache.Prune(ctx, blobs, 0, nodecache.PruneOptions{DryRun: true})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(r.KeptInUse) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("blobs still held after serving stopped: %s", r.Summary())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return len(r.KeptInUse) == 0, fmt.Errorf("blobs still held after serving stopped: %s", r.Summary())
+	})
 }

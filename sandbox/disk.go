@@ -15,6 +15,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
+	"github.com/kata-fsx/kata-fsx/node"
 	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
 
@@ -50,7 +51,7 @@ func blkOptions(c *config.Config) blk.Options {
 	entries, layer, meta, mem := b.Budgets()
 	return blk.Options{
 		Budgets:      blk.Budgets{MaxEntries: entries, MaxLayerBytes: layer, MaxMetadataBytes: meta, MaxBuildMemory: mem},
-		CacheDir:     filepath.Join(b.StateDir, "cache"),
+		CacheDir:     node.LayoutOf(c).BlkCache(),
 		WritableSize: int64(b.WritableSizeMB) << 20,
 		BlockSize:    int(b.BlockSize),
 		Journal:      b.Journal,
@@ -81,7 +82,8 @@ func layerKeys(rootfs config.Rootfs) []string {
 // from the sandbox directory (0700), so only this pod's QEMU reaches it.
 // ctx bounds the build; the disk is then served until it is removed or
 // the sandbox stops, whatever becomes of ctx.
-func (s *Sandbox) createDisk(ctx context.Context, cid string, rootfs config.Rootfs, idx *index.Index, opener index.Opener) (*podDisk, error) {
+func (b *imagefsBackend) createDisk(ctx context.Context, cid string, rootfs config.Rootfs, idx *index.Index, opener index.Opener) (*podDisk, error) {
+	s := b.s
 	if err := ValidID(cid); err != nil {
 		return nil, err
 	}
@@ -93,14 +95,14 @@ func (s *Sandbox) createDisk(ctx context.Context, cid string, rootfs config.Root
 		s.mu.Unlock()
 		return nil, err
 	}
-	if _, ok := s.disks[cid]; ok {
+	if _, ok := b.disks[cid]; ok {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("container %s already has an imagefs-blk disk", cid)
 	}
 	// Numbers are never reused, so a disk being unplugged cannot collide
 	// with its successor's socket or QEMU ids.
-	seq := s.diskSeq
-	s.diskSeq++
+	seq := b.diskSeq
+	b.diskSeq++
 	s.mu.Unlock()
 
 	dir := filepath.Join(s.Dir, "blk", cid)
@@ -154,12 +156,12 @@ func (s *Sandbox) createDisk(ctx context.Context, cid string, rootfs config.Root
 		stopServing()
 		return nil, errors.Join(err, d.Remove())
 	}
-	s.disks[cid] = pd
+	b.disks[cid] = pd
 	return pd, nil
 }
 
 // remove stops serving the disk and deletes its files; the caller has
-// taken it out of s.disks and QEMU no longer uses it.
+// taken it out of b.disks and QEMU no longer uses it.
 func (d *podDisk) remove() error {
 	err := d.Remove()
 	d.stopServing()
@@ -177,7 +179,8 @@ func (d *podDisk) remove() error {
 // and store) the disk is built from idx and reads through lazy; the disk
 // owns lazy (closes it when removed) once it is plugged, the caller until
 // then.
-func (s *Sandbox) hotplugDisk(ctx context.Context, cid string, rootfs config.Rootfs, idx *index.Index, lazy LazyRootfs) (_ *podDisk, err error) {
+func (b *imagefsBackend) hotplugDisk(ctx context.Context, cid string, rootfs config.Rootfs, idx *index.Index, lazy LazyRootfs) (_ *podDisk, err error) {
+	s := b.s
 	slot, err := s.vm.NextHotplugSlot()
 	if err != nil {
 		return nil, fmt.Errorf("container %s: disk hot-plug: %w", cid, err)
@@ -186,7 +189,7 @@ func (s *Sandbox) hotplugDisk(ctx context.Context, cid string, rootfs config.Roo
 	if lazy != nil {
 		opener = lazy.Opener()
 	}
-	d, err := s.createDisk(ctx, cid, rootfs, idx, opener)
+	d, err := b.createDisk(ctx, cid, rootfs, idx, opener)
 	if err != nil {
 		if rerr := s.vm.ReleaseHotplugSlot(slot); rerr != nil {
 			err = errors.Join(err, rerr)
@@ -196,7 +199,7 @@ func (s *Sandbox) hotplugDisk(ctx context.Context, cid string, rootfs config.Roo
 	d.slot, d.path = &slot, slot.Path
 	defer func() {
 		if err != nil {
-			if uerr := s.unplugDisk(cid); uerr != nil {
+			if uerr := b.unplugDisk(cid); uerr != nil {
 				err = errors.Join(err, fmt.Errorf("undo hot-plug: %w", uerr))
 			}
 		}
@@ -207,11 +210,11 @@ func (s *Sandbox) hotplugDisk(ctx context.Context, cid string, rootfs config.Roo
 		return nil, s.Explain(fmt.Errorf("container %s: chardev-add %s: %w", cid, d.chardevID(), err))
 	}
 	d.chardevAdded = true
-	b := s.cfg.KataFSX.ImagefsBlk
+	c := s.cfg.KataFSX.ImagefsBlk
 	props := slot.Props()
 	props["chardev"] = d.chardevID()
-	props["num-queues"] = b.NumQueues
-	props["queue-size"] = b.QueueSize
+	props["num-queues"] = c.NumQueues
+	props["queue-size"] = c.QueueSize
 	if err := q.DeviceAdd(ctx, "vhost-user-blk-pci", d.deviceID, props); err != nil {
 		return nil, s.Explain(fmt.Errorf("container %s: device_add vhost-user-blk-pci %s: %w", cid, d.deviceID, err))
 	}
@@ -235,17 +238,18 @@ func (s *Sandbox) hotplugDisk(ctx context.Context, cid string, rootfs config.Roo
 // step that fails leaves the disk registered for Stop to remove. A
 // cold-plugged disk (the first container's) cannot leave the root bus and
 // stays until Stop.
-func (s *Sandbox) unplugDisk(cid string) error {
+func (b *imagefsBackend) unplugDisk(cid string) error {
+	s := b.s
 	s.mu.Lock()
-	d, ok := s.disks[cid]
+	d, ok := b.disks[cid]
 	if ok && d.slot != nil {
-		delete(s.disks, cid)
+		delete(b.disks, cid)
 	}
 	s.mu.Unlock()
 	if !ok || d.slot == nil {
 		return nil
 	}
-	err := s.unplug(d)
+	err := b.unplug(d)
 	if err != nil {
 		s.mu.Lock()
 		if s.state == StateStopping || s.state == StateStopped {
@@ -253,7 +257,7 @@ func (s *Sandbox) unplugDisk(cid string) error {
 			s.mu.Unlock()
 			return errors.Join(err, d.remove())
 		}
-		s.disks[cid] = d
+		b.disks[cid] = d
 		s.mu.Unlock()
 		return fmt.Errorf("container %s: disk %s stays until the sandbox stops: %w", cid, d.deviceID, err)
 	}
@@ -261,7 +265,8 @@ func (s *Sandbox) unplugDisk(cid string) error {
 	return nil
 }
 
-func (s *Sandbox) unplug(d *podDisk) error {
+func (b *imagefsBackend) unplug(d *podDisk) error {
+	s := b.s
 	// Cleanup must run to the end even when the caller's request was cancelled.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.life), hotUnplugTimeout)
 	defer cancel()
@@ -289,19 +294,20 @@ func (s *Sandbox) unplug(d *podDisk) error {
 
 // blkStorage is the storage the agent mounts a container's disk from, as
 // Kata describes a block rootfs; the OCI root is its mount point.
-func (s *Sandbox) blkStorage(d *podDisk, cid string) (*pb.Storage, string) {
+func (b *imagefsBackend) blkStorage(d *podDisk, cid string) (*pb.Storage, string) {
 	mp := virtiofs.GuestSharedMount + cid
 	return &pb.Storage{Driver: "blk", Source: string(d.path), Fstype: "ext4", MountPoint: mp}, mp
 }
 
 // containerDisk returns the container's disk: the one cold-plugged at
 // boot for the sandbox's first container, or a new one hot-plugged now.
-func (s *Sandbox) containerDisk(ctx context.Context, cid string, rootfs config.Rootfs, idx *index.Index, lazy LazyRootfs) (*podDisk, error) {
+func (b *imagefsBackend) containerDisk(ctx context.Context, cid string, rootfs config.Rootfs, idx *index.Index, lazy LazyRootfs) (*podDisk, error) {
+	s := b.s
 	s.mu.Lock()
-	d, ok := s.disks[cid]
+	d, ok := b.disks[cid]
 	s.mu.Unlock()
 	if !ok {
-		return s.hotplugDisk(ctx, cid, rootfs, idx, lazy)
+		return b.hotplugDisk(ctx, cid, rootfs, idx, lazy)
 	}
 	if d.path == "" {
 		p, ok := s.vm.Plan().PCIPaths[d.deviceID]

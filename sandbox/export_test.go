@@ -12,10 +12,14 @@ import (
 // VM configuration New uses.
 func PlanForTest(ctx context.Context, cfg *config.Config, id string) (*hypervisor.VMConfig, error) {
 	spec := Spec{ID: id, Config: cfg, Rootfs: config.Rootfs{Kind: config.RootfsDir, Layers: []string{"/rootfs"}}}
-	d, err := config.Decide(cfg, config.Pod{Rootfs: spec.Rootfs})
+	d, err := Decide(spec)
 	if err != nil {
 		return nil, err
 	}
-	_, vmc, err := newSandbox(ctx, id, d).plan(ctx, spec)
+	s, err := newSandbox(ctx, id, d)
+	if err != nil {
+		return nil, err
+	}
+	_, vmc, err := s.plan(ctx, spec)
 	return vmc, err
 }

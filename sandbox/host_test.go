@@ -102,10 +102,10 @@ func TestEnvReportsWhatThePodGets(t *testing.T) {
 			// And QEMU's argv says the same: no file in /dev/shm unless asked.
 			built := *vmc
 			built.QMPSocket = filepath.Join(built.Dir, "qmp.sock") // hypervisor.Start's default
-			if args, err := hypervisor.BuildArgs(&built); err != nil {
+			if plan, err := hypervisor.Build(&built); err != nil {
 				t.Errorf("argv: %v", err)
 			} else {
-				argv := strings.Join(args, " ")
+				argv := strings.Join(plan.Args, " ")
 				want := map[string]string{"memfd": "memory-backend-memfd,id=dimm1,size=256M,share=on", "file": "memory-backend-file,id=dimm1,size=256M,mem-path=" + env.Hypervisor.GuestRAMPath + ",share=on", "private": "-m 256M"}[wantRAM]
 				if !strings.Contains(argv, want) || (wantRAM != "file" && strings.Contains(argv, "mem-path=")) {
 					t.Errorf("argv lacks %q or names a mem-path: %s", want, argv)

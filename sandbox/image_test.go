@@ -65,11 +65,11 @@ func TestPlanBootsTheGuestImage(t *testing.T) {
 				t.Errorf("nvdimm image with memory slots %d maxmem %d MiB", vmc.MemorySlots, vmc.MaxMemoryMiB)
 			}
 			vmc.QMPSocket = filepath.Join(dir, "qmp.sock")
-			args, err := hypervisor.BuildArgs(vmc)
+			plan, err := hypervisor.Build(vmc)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if joined := strings.Join(args, " "); !strings.Contains(joined, tc.wantArg) || strings.Contains(joined, "-initrd") {
+			if joined := strings.Join(plan.Args, " "); !strings.Contains(joined, tc.wantArg) || strings.Contains(joined, "-initrd") {
 				t.Errorf("arguments lack %s or carry -initrd: %s", tc.wantArg, joined)
 			}
 		})

@@ -4,10 +4,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 
-	"github.com/kata-fsx/kata-fsx/blk/vhostuser"
+	"github.com/kata-fsx/kata-fsx/blk/vhostblk"
 	"github.com/kata-fsx/kata-fsx/content/store"
 	"github.com/kata-fsx/kata-fsx/host"
 	"github.com/kata-fsx/kata-fsx/metrics"
@@ -70,45 +69,15 @@ type lazyStatser interface {
 func (s *Sandbox) CollectMetrics(set *metrics.Set) {
 	set.Gauge("kata_fsx_sandbox_info", "The pod's rootfs backend (value 1).").Add(1, metrics.L("backend", s.Decision.Backend))
 
-	type diskRef struct {
-		cid  string
-		disk *podDisk
-	}
-	var disks []diskRef
-	s.mu.Lock()
-	for cid, d := range s.disks {
-		disks = append(disks, diskRef{cid, d})
-	}
-	s.mu.Unlock()
-	sort.Slice(disks, func(i, j int) bool { return disks[i].cid < disks[j].cid })
-	for _, d := range disks {
-		collectDisk(set, d.cid, d.disk)
-	}
-
-	// The first container's store, then each hot-plugged disk's own.
-	if st, ok := s.lazy.(lazyStatser); ok {
-		collectLazy(set, s.ID, st.Stats())
-	}
-	for _, d := range disks {
-		if st, ok := d.disk.lazy.(lazyStatser); ok && d.disk.lazy != s.lazy {
-			collectLazy(set, d.cid, st.Stats())
-		}
-	}
+	s.backend.collectMetrics(set)
 
 	if s.vm != nil {
 		collectProcess(set, "kata_hypervisor", "Hypervisor (QEMU)", []int{s.vm.Pid()})
 	}
-	// The volumes' virtiofsd of an imagefs-blk pod starts under volMu
-	// while the pod runs; a scrape during that start leaves it out
-	// rather than wait for the hot-plug.
-	if s.volMu.TryLock() {
-		vfsd := s.vfsd
-		s.volMu.Unlock()
-		if vfsd != nil {
-			// The C virtiofsd serves from a forked child: count the tree.
-			pid := vfsd.Pid()
-			collectProcess(set, "kata_virtiofsd", "Virtiofsd (with its children)", append([]int{pid}, Descendants(pid)...))
-		}
+	if vfsd := s.backend.virtiofsd(); vfsd != nil {
+		// The C virtiofsd serves from a forked child: count the tree.
+		pid := vfsd.Pid()
+		collectProcess(set, "kata_virtiofsd", "Virtiofsd (with its children)", append([]int{pid}, Descendants(pid)...))
 	}
 	collectProcess(set, "kata_shim", "Kata-fsx shim (the imagefs-blk server)", []int{os.Getpid()})
 }
@@ -123,7 +92,7 @@ func collectDisk(set *metrics.Set, cid string, d *podDisk) {
 	byts := set.Counter("kata_fsx_imagefs_blk_bytes_total", "Bytes the successful imagefs-blk requests moved (read, written, or discarded/zeroed ranges), by operation.")
 	errs := set.Counter("kata_fsx_imagefs_blk_errors_total", "Imagefs-blk requests answered with an error status, by operation.")
 	lat := set.Histogram("kata_fsx_imagefs_blk_request_duration_seconds", "Time the imagefs-blk server spent on a request, from taking it off the queue to its status, by operation.")
-	bounds := vhostuser.LatencyBounds()
+	bounds := vhostblk.LatencyBounds()
 	secs := make([]float64, len(bounds))
 	for i, b := range bounds {
 		secs[i] = b.Seconds()

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/kata-fsx/kata-fsx/blk/vhostuser/blktest"
+	"github.com/kata-fsx/kata-fsx/blk/vhostblk/blktest"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/content/store"
 	"github.com/kata-fsx/kata-fsx/metrics"
@@ -58,7 +58,7 @@ func TestServeMetrics(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(layer, "f"), bytes.Repeat([]byte("y"), 20000), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d, err := s.createDisk(context.Background(), "c1", config.Rootfs{Kind: config.RootfsDir, Layers: []string{layer}}, nil, nil)
+	d, err := s.backend.(*imagefsBackend).createDisk(context.Background(), "c1", config.Rootfs{Kind: config.RootfsDir, Layers: []string{layer}}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

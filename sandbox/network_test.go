@@ -13,6 +13,7 @@ import (
 	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 func netSandbox(t *testing.T, model string) *Sandbox {
@@ -20,7 +21,11 @@ func netSandbox(t *testing.T, model string) *Sandbox {
 	cfg := config.Default()
 	cfg.KataFSX.StateDir = t.TempDir()
 	cfg.Runtime.InterNetworkingModel = model
-	return newSandbox(context.Background(), "pod-net", config.Decision{Config: cfg, Backend: config.SharedFSVirtioFS})
+	s, err := newSandbox(context.Background(), "pod-net", config.Decision{Config: cfg, Backend: config.SharedFSVirtioFS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // A pod gets NICs only with a namespace path and the tcfilter model.
@@ -47,12 +52,8 @@ func TestSetupNetworkWhenNoNIC(t *testing.T) {
 
 // The NICs match the namespace's interfaces, and Teardown leaves it as it was.
 func TestSetupNetworkNICs(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs ip (iproute2)")
-	}
+	testenv.Root(t, "network namespaces")
+	testenv.Tool(t, "ip", "iproute2")
 	ns := fmt.Sprintf("kfsx-sb-%d-%d", os.Getpid(), time.Now().UnixNano()%100000)
 	for _, args := range [][]string{
 		{"netns", "add", ns},

@@ -56,9 +56,12 @@ func TestAgentSpecCarriesLimits(t *testing.T) {
 		t.Errorf("seccomp: %v", sc)
 	}
 	// An exec's process carries its own privileges too.
-	ep, err := ProcessSpec(s.Process)
-	if err != nil || ep.Capabilities == nil || len(ep.Rlimits) != 1 || !ep.NoNewPrivileges {
-		t.Errorf("ProcessSpec: %v %v", ep, err)
+	eps, err := NewProcessSpec(s.Process)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ep := eps.p; ep.Capabilities == nil || len(ep.Rlimits) != 1 || !ep.NoNewPrivileges {
+		t.Errorf("ProcessSpec: %v", ep)
 	}
 	// Unset OCI values travel as zero, which the agent reads as unset.
 	if r := AgentResources(&specs.LinuxResources{Memory: &specs.LinuxMemory{}}); r.Memory.Limit != 0 || r.CPU != nil || r.Pids != nil {

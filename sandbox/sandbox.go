@@ -1,8 +1,14 @@
-// Package sandbox is a kata-fsx pod: the VM and its filesystem backend
+// Package sandbox is a kata-fsx pod: the VM and its filesystem Backend
 // (virtio-fs, virtio-9p, imagefs-blk, or a raw virtio-blk rootfs), the
-// devices plugged into it, and the guest agent that runs its containers.
-// Its life is an explicit State; the containerd shim (package shim) and
-// `kata-fsx run` (package cli) both drive pods through it.
+// devices plugged into it, and the guest agent that runs its containers,
+// whose processes it exposes as a Guest. Its life is an explicit State;
+// the containerd shim (package shim) and `kata-fsx run` (package cli)
+// both drive pods through it and never speak the agent's protocol.
+//
+// It is larger than the other packages (about 3,500 lines) because the
+// backends, the disks and the volumes' share hold the sandbox's lock and
+// state and are torn down by its Stop: they stay beside it rather than
+// behind an interface wide enough to reach both.
 package sandbox
 
 import (
@@ -16,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -28,6 +35,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/metrics"
 	"github.com/kata-fsx/kata-fsx/mount"
 	"github.com/kata-fsx/kata-fsx/network"
+	"github.com/kata-fsx/kata-fsx/node"
 	"github.com/kata-fsx/kata-fsx/nodecache"
 	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
@@ -47,8 +55,14 @@ type Spec struct {
 	// Resources are the first container's cgroup resources: they size a
 	// lone container's VM under static_sandbox_resource_mgmt.
 	Resources *specs.LinuxResources
-	// Backend, when set, overrides the policy (kata-fsx run --backend).
-	Backend string
+	// Backend, when set, overrides the policy (kata-fsx run --backend,
+	// or the shim for a lazy image's annotation); BackendReason says why,
+	// "requested explicitly (--backend ...)" when empty.
+	Backend       string
+	BackendReason string
+	// Decision, when set, is the pod's backend decided already (Decide);
+	// New then takes it as it is.
+	Decision *config.Decision
 	// RootfsIndex, when set, is the first container's rootfs already
 	// indexed (an OCI image); otherwise imagefs-blk indexes Rootfs.Layers.
 	RootfsIndex *index.Index
@@ -64,7 +78,7 @@ type Spec struct {
 	NetNSPath string
 	// PruneCaches, when set, prunes the node caches to their budgets
 	// ([kata_fsx.cache]); the sandbox runs it in the background after it
-	// builds a disk. The caller supplies it (nodecache/node.AutoPrune) so
+	// builds a disk. The caller supplies it (node.AutoPrune) so
 	// that the sandbox knows nothing of the lazy store and registries
 	// whose caches it prunes.
 	PruneCaches func(ctx context.Context, cfg *config.Config, logf func(string, ...any)) (ran bool, _ []nodecache.Result, _ error)
@@ -85,11 +99,10 @@ type Sandbox struct {
 	Dir      string
 	Decision config.Decision
 
-	cfg    *config.Config
-	vm     *hypervisor.VM
-	vfsd   *virtiofs.Process
-	shared *virtiofs.SharedDir
-	agent  *agent.Client
+	cfg     *config.Config
+	backend Backend
+	vm      *hypervisor.VM
+	agent   *agent.Client
 	// vhostVsock is the open /dev/vhost-vsock that holds the guest's CID
 	// (vhost-vsock transport); QEMU has a copy, and Stop closes this one
 	// after QEMU is gone.
@@ -99,21 +112,6 @@ type Sandbox struct {
 	hybridVsock io.Closer
 	// net is the pod's network namespace wired to the VM's NICs; nil for none.
 	net *network.Network
-	// daemon is the detected virtiofsd, kept for an imagefs-blk pod's
-	// volumes, whose daemon starts with the first container that has any.
-	daemon    *virtiofs.Daemon
-	daemonErr error
-	// volMu serialises the start of an imagefs-blk pod's volumes share;
-	// volumesGuestDir is where the guest finds that share ("" until then)
-	// and volFS its hot-plugged device. Lock order: volMu, then mu. It is
-	// held across the start of the volumes' virtiofsd and its hot-plug,
-	// waits bounded by the creating request's context, so a second
-	// container's volumes wait that long, whatever their own context; no
-	// holder of mu waits for volMu (a metrics scrape only tries it).
-	volMu           sync.Mutex
-	volumesGuestDir string
-	volFS           *hypervisor.PluggedFS
-
 	// life is the sandbox's lifetime, for what runs beyond one request
 	// (the disks' vhost-user servers); Stop ends it.
 	life     context.Context
@@ -128,9 +126,6 @@ type Sandbox struct {
 	state   State
 	failErr error // why the sandbox failed; set on the move to StateFailed
 	stopErr error // what Stop could not clean up; set on the move to StateStopped
-	// disks are the imagefs-blk disks by container id, with the QEMU
-	// device each is plugged in as.
-	disks map[string]*podDisk
 	// lazy is the first container's lazy image store (Spec.RootfsLazy), closed
 	// after the disks that read it.
 	lazy LazyRootfs
@@ -140,9 +135,6 @@ type Sandbox struct {
 	volumes map[string][]virtiofs.Volume
 	// metricsSrv serves the pod's metrics (ServeMetrics); Stop closes it.
 	metricsSrv *metrics.Server
-	// rootBlkFor is the container whose rootfs is the BackendVirtioBlk disk.
-	rootBlkFor string
-	diskSeq    int // numbers disks, their sockets and QEMU ids
 
 	failed   chan struct{} // closed on the move to StateFailed
 	stopping chan struct{} // closed on the move to StateStopping, so watchers exit
@@ -150,15 +142,11 @@ type Sandbox struct {
 	watchers sync.WaitGroup
 }
 
-// ErrFailed is wrapped by errors caused by the death of the VM or of a
-// backend daemon while the pod runs.
-var ErrFailed = errors.New("sandbox failed")
-
 // ValidID keeps sandbox, container and exec ids usable as directory
 // names, socket names and QEMU ids.
 func ValidID(id string) error {
 	if id == "" || len(id) > 64 || strings.ContainsAny(id, "/\x00 ,") || id == "." || id == ".." {
-		return fmt.Errorf("invalid sandbox id %q", id)
+		return withClass(fmt.Errorf("invalid sandbox id %q", id), errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -176,12 +164,9 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 	if err := ValidID(spec.ID); err != nil {
 		return nil, err
 	}
-	d, err := config.Decide(spec.Config, config.Pod{Annotations: spec.Annotations, Rootfs: spec.Rootfs, HostVolumes: spec.HostVolumes})
+	d, err := Decide(spec)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
-	}
-	if spec.Backend != "" {
-		d.Backend, d.Reason = spec.Backend, "requested explicitly (--backend "+spec.Backend+")"
 	}
 	cfg := d.Config
 	if cfg.Runtime.StaticSandboxResourceMgmt {
@@ -193,7 +178,10 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 		log.G(ctx).WithField("sandbox", spec.ID).Infof("static_sandbox_resource_mgmt: %g vCPUs and %d MiB from %s: the VM gets %d vCPUs and %d MiB",
 			sz.CPUs, sz.MemoryMiB, sz.From, cfg.QEMU().DefaultVCPUs, cfg.QEMU().DefaultMemory)
 	}
-	s := newSandbox(ctx, spec.ID, d)
+	s, err := newSandbox(ctx, spec.ID, d)
+	if err != nil {
+		return nil, err
+	}
 	s.lazy, owned = spec.RootfsLazy, true
 	s.pruneCaches = spec.PruneCaches
 	log.G(ctx).WithField("sandbox", spec.ID).Infof("backend %s: %s", d.Backend, d.Reason)
@@ -211,7 +199,6 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.daemon, s.daemonErr = h.Daemon, h.DaemonErr
 	if err := hypervisor.MakeVMDir(s.Dir); err != nil {
 		return nil, err
 	}
@@ -219,7 +206,7 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, err
 	}
-	storages, err := s.prepareBackend(ctx, h, vmc, spec)
+	storages, err := s.backend.prepare(ctx, h, vmc, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -325,7 +312,7 @@ func (s *Sandbox) plan(ctx context.Context, spec Spec) (*host.Host, *hypervisor.
 	}
 	// Hybrid vsock's device is a vhost-user backend like virtio-fs's and
 	// imagefs-blk's: it maps guest RAM.
-	if cfg.NeedsSharedMemory() || s.Decision.Backend == config.SharedFSImagefsBlk || h.Transport == config.TransportHybridVsock {
+	if cfg.NeedsSharedMemory() || s.backend.sharedMemory() || h.Transport == config.TransportHybridVsock {
 		// The probe's choice, which env and check report: a memfd unless
 		// file_mem_backend names a directory or memfd_create fails.
 		if h.GuestRAM == hypervisor.SharedMemoryOff {
@@ -391,7 +378,7 @@ func imageMemoryLayout(q *config.QEMU, h *host.Host, img *hypervisor.RootImage) 
 // sandbox exists: a shim records it before the boot, so that a cleanup
 // after the shim's death finds what a half-done boot started.
 func DirOf(c *config.Config, id string) string {
-	return filepath.Join(c.KataFSX.StateDir, id)
+	return node.LayoutOf(c).Sandbox(id)
 }
 
 // AgentSocket is the unix socket QEMU listens on for the virtio-serial
@@ -402,17 +389,24 @@ func AgentSocket(c *config.Config, id string) string {
 
 // newSandbox is a booting sandbox with nothing started yet; its directory
 // is under the state directory of the decision's configuration.
-func newSandbox(ctx context.Context, id string, d config.Decision) *Sandbox {
+func newSandbox(ctx context.Context, id string, d config.Decision) (*Sandbox, error) {
 	s := &Sandbox{
 		ID: id, Decision: d, cfg: d.Config,
 		Dir:    DirOf(d.Config, id),
 		state:  StateBooting,
 		failed: make(chan struct{}), stopping: make(chan struct{}), stopped: make(chan struct{}),
-		disks: map[string]*podDisk{}, volumes: map[string][]virtiofs.Volume{},
+		volumes: map[string][]virtiofs.Volume{},
+	}
+	var err error
+	if s.backend, err = newBackend(s, d); err != nil {
+		return nil, err
 	}
 	s.life, s.lifeStop = context.WithCancel(context.WithoutCancel(ctx))
-	return s
+	return s, nil
 }
+
+// Backend is how the pod's rootfs and volumes reach its guest.
+func (s *Sandbox) Backend() Backend { return s.backend }
 
 // State returns where the sandbox is in its life.
 func (s *Sandbox) State() State {
@@ -584,9 +578,6 @@ func (s *Sandbox) ReleaseAgent() error {
 	return nil
 }
 
-// Agent returns the connection to the guest agent.
-func (s *Sandbox) Agent() *agent.Client { return s.agent }
-
 // ContainerSpec is one container of a sandbox.
 type ContainerSpec struct {
 	ID string
@@ -628,7 +619,7 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 	// The spec is checked before anything is built or plugged for it.
 	spec, err := agentSpec(c.OCI, "", readonly)
 	if err != nil {
-		return fmt.Errorf("container %s: %w", c.ID, err)
+		return withClass(fmt.Errorf("container %s: %w", c.ID, err), errdefs.ErrInvalidArgument)
 	}
 	if spec.Linux != nil && s.Decision.Config.Runtime.DisableGuestSeccomp {
 		// Kata's disable_guest_seccomp: the profile stays on the host.
@@ -648,48 +639,23 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 			}
 		}
 	}()
-	switch s.Decision.Backend {
-	case config.SharedFSImagefsBlk:
-		d, derr := s.containerDisk(ctx, c.ID, c.Rootfs, c.RootfsIndex, lazy)
-		if derr != nil {
-			return derr
-		}
-		if d.lazy == lazy {
-			lazy = nil // the disk reads through it and closes it
-		}
+	root, rootPath, undo, err := s.backend.addRootfs(ctx, c, &lazy)
+	if err != nil {
+		return err
+	}
+	if undo != nil {
 		defer func() {
 			if err != nil {
-				if uerr := s.unplugDisk(c.ID); uerr != nil {
+				if uerr := undo(); uerr != nil {
 					err = errors.Join(err, uerr)
 				}
 			}
 		}()
-		var st *pb.Storage
-		st, spec.Root.Path = s.blkStorage(d, c.ID)
+	}
+	spec.Root.Path = rootPath
+	if root != nil {
 		// The rootfs first: the agent resolves the root path after mounting.
-		storages = append([]*pb.Storage{st}, storages...)
-	case config.SharedFSVirtioFS, config.SharedFS9P:
-		// Shared writable even for a read-only root: the agent makes the
-		// mount points of the container's mounts (a CRI sandbox's
-		// /etc/resolv.conf) in the rootfs before it makes the root
-		// read-only in the guest, as runc and Kata's agent do. The binds
-		// stay nosuid and nodev, and only the rootfs itself is writable.
-		if spec.Root.Path, err = s.shared.BindRootfs(c.ID, c.RootfsDir, false); err != nil {
-			return err
-		}
-	case BackendVirtioBlk:
-		if c.ID != s.rootBlkFor {
-			return fmt.Errorf("container %s: backend %s serves only the rootfs of the sandbox's first container (%s)", c.ID, BackendVirtioBlk, s.rootBlkFor)
-		}
-		path, ok := s.vm.Plan().PCIPaths[rootBlkID]
-		if !ok {
-			return fmt.Errorf("container %s: device %s has no PCI path", c.ID, rootBlkID)
-		}
-		mp := virtiofs.GuestSharedMount + c.ID
-		storages = append([]*pb.Storage{{Driver: "blk", Source: string(path), Fstype: "ext4", MountPoint: mp}}, storages...)
-		spec.Root.Path = mp
-	default:
-		return fmt.Errorf("container %s: backend %s is not wired yet", c.ID, s.Decision.Backend)
+		storages = append([]*pb.Storage{root}, storages...)
 	}
 	if err := s.agent.CreateContainer(ctx, &pb.CreateContainerRequest{ContainerId: c.ID, ExecId: c.ID, OCI: spec, Storages: storages}); err != nil {
 		return s.Explain(fmt.Errorf("container %s: agent CreateContainer: %w", c.ID, err))
@@ -714,15 +680,8 @@ func (s *Sandbox) RemoveContainer(ctx context.Context, cid string, timeout time.
 	if err := s.removeVolumes(cid); err != nil {
 		errs = append(errs, err)
 	}
-	if s.shared != nil && (s.Decision.Backend == config.SharedFSVirtioFS || s.Decision.Backend == config.SharedFS9P) {
-		if err := s.shared.Unbind(cid); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if s.Decision.Backend == config.SharedFSImagefsBlk && ready && s.vm != nil {
-		if err := s.unplugDisk(cid); err != nil {
-			errs = append(errs, err)
-		}
+	if err := s.backend.removeRootfs(cid, ready && s.vm != nil); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -734,15 +693,7 @@ func (s *Sandbox) ContainerStarted(cid string) {
 	if s.lazy != nil && cid == s.ID {
 		s.lazy.Started()
 	}
-	s.mu.Lock()
-	var lazy LazyRootfs
-	if d := s.disks[cid]; d != nil {
-		lazy = d.lazy
-	}
-	s.mu.Unlock()
-	if lazy != nil {
-		lazy.Started()
-	}
+	s.backend.started(cid)
 }
 
 // Stop tears the sandbox down from any state: the guest (DestroySandbox,
@@ -764,9 +715,7 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 	}
 	wasFailed := s.state == StateFailed
 	_ = s.moveLocked(StateStopping) // every state before stopping may stop
-	// No disk can be added from here on; Stop removes the ones there are.
-	disks := s.disks
-	s.disks = map[string]*podDisk{}
+	// No disk can be added from here on; the backend removes the ones there are.
 	s.mu.Unlock()
 
 	var errs []error
@@ -806,25 +755,11 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("release the vhost-vsock guest CID: %w", err))
 		}
 	}
-	if s.vfsd != nil {
-		if err := s.vfsd.Stop(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("stop virtiofsd: %w", err))
-		}
-	}
-	for cid, d := range disks {
-		if err := d.remove(); err != nil {
-			errs = append(errs, fmt.Errorf("container %s disk: %w", cid, err))
-		}
-	}
+	errs = append(errs, s.backend.stop(ctx)...)
 	// After the disks: nothing reads the lazy store any more.
 	if s.lazy != nil {
 		if err := s.lazy.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close the lazy image store: %w", err))
-		}
-	}
-	if s.shared != nil {
-		if err := s.shared.Cleanup(); err != nil {
-			errs = append(errs, err)
 		}
 	}
 	s.lifeStop()

@@ -18,16 +18,6 @@ const guestSandboxShm = "/run/kata-containers/sandbox/shm"
 // process.
 const ExitNotExecutable = 127
 
-// ProcessSpec converts an exec's OCI process into the agent's Process,
-// refusing one the agent could not run.
-func ProcessSpec(p *specs.Process) (*pb.Process, error) {
-	s, err := agentSpec(&specs.Spec{Process: p}, "/", false)
-	if err != nil {
-		return nil, err
-	}
-	return s.Process, nil
-}
-
 // agentSpec converts an OCI runtime spec into the agent protocol's Spec,
 // with the root path replaced by where the rootfs is inside the guest.
 // The process's capabilities, rlimits and no_new_privs, and the linux

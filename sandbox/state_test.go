@@ -12,6 +12,7 @@ import (
 
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/test/testenv"
+	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
 
 func TestStateMoves(t *testing.T) {
@@ -37,7 +38,10 @@ func bareSandbox(t *testing.T) *Sandbox {
 	t.Helper()
 	cfg := config.Default()
 	cfg.KataFSX.StateDir = t.TempDir()
-	s := newSandbox(context.Background(), "pod-1", config.Decision{Config: cfg, Backend: config.SharedFSImagefsBlk})
+	s, err := newSandbox(context.Background(), "pod-1", config.Decision{Config: cfg, Backend: config.SharedFSImagefsBlk})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +112,40 @@ func TestStopReportsTeardownErrors(t *testing.T) {
 	if err2 := s.Stop(context.Background()); err2 == nil || err2.Error() != err.Error() {
 		t.Fatalf("second Stop: %v, want %v", err2, err)
 	}
-	if _, err := s.createDisk(context.Background(), "c2", config.Rootfs{Kind: config.RootfsDir, Layers: []string{t.TempDir()}}, nil, nil); err == nil || !strings.Contains(err.Error(), "sandbox is stopped") {
+	if _, err := s.backend.(*imagefsBackend).createDisk(context.Background(), "c2", config.Rootfs{Kind: config.RootfsDir, Layers: []string{t.TempDir()}}, nil, nil); err == nil || !strings.Contains(err.Error(), "sandbox is stopped") {
 		t.Fatalf("createDisk after Stop: %v", err)
+	}
+}
+
+// An imagefs-blk pod's volume share and Stop are serialised by the
+// backend: a share started during Stop finishes or fails before the
+// backend's teardown looks at it, and none starts after (go test -race).
+func TestStopAndVolumeShareDoNotRace(t *testing.T) {
+	s := bareSandbox(t)
+	s.mu.Lock()
+	if err := s.moveLocked(StateReady); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Unlock()
+	b := s.backend.(*imagefsBackend)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 100; i++ {
+			// No virtiofsd is configured: each start fails and undoes itself.
+			if _, _, _, err := b.volumeShare(context.Background()); err == nil {
+				t.Error("a volume share started with no virtiofsd")
+				return
+			}
+			_ = b.unshareVolumes([]virtiofs.Volume{{Name: "x"}})
+		}
+	}()
+	if err := s.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	var se *StateError
+	if _, _, _, err := b.volumeShare(context.Background()); !errors.As(err, &se) {
+		t.Fatalf("volume share after Stop: %v, want a StateError", err)
 	}
 }

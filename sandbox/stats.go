@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/host"
 )
 
@@ -24,18 +23,25 @@ type ProcessRef struct {
 	WithChildren bool `json:"with_children"`
 }
 
+// The roles of the processes that work for a sandbox.
+const (
+	roleQEMU      = "qemu"
+	roleVirtiofsd = "virtiofsd"
+	roleKataFSX   = "kata-fsx"
+)
+
 // Processes lists the host processes working for the sandbox.
 func (s *Sandbox) Processes() []ProcessRef {
 	var refs []ProcessRef
-	b := s.Decision.Backend
+	server := s.backend.rootfsServer()
 	if s.vm != nil {
-		refs = append(refs, ProcessRef{Role: "qemu", PID: s.vm.Pid(), ServesRootfs: b == config.SharedFS9P || b == BackendVirtioBlk})
+		refs = append(refs, ProcessRef{Role: roleQEMU, PID: s.vm.Pid(), ServesRootfs: server == roleQEMU})
 	}
-	if s.vfsd != nil {
-		refs = append(refs, ProcessRef{Role: "virtiofsd", PID: s.vfsd.Pid(), ServesRootfs: b == config.SharedFSVirtioFS, WithChildren: true})
+	if vfsd := s.backend.virtiofsd(); vfsd != nil {
+		refs = append(refs, ProcessRef{Role: roleVirtiofsd, PID: vfsd.Pid(), ServesRootfs: server == roleVirtiofsd, WithChildren: true})
 	}
-	if b == config.SharedFSImagefsBlk {
-		refs = append(refs, ProcessRef{Role: "kata-fsx", PID: os.Getpid(), ServesRootfs: true})
+	if server == roleKataFSX {
+		refs = append(refs, ProcessRef{Role: roleKataFSX, PID: os.Getpid(), ServesRootfs: true})
 	}
 	return refs
 }

@@ -1,10 +1,13 @@
 package sandbox
 
 import (
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // TestSampleCoversDescendants checks that a sample sums the process tree,
@@ -17,20 +20,13 @@ func TestSampleCoversDescendants(t *testing.T) {
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	var ps ProcessSample
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.Eventually(t, 10*time.Second, func() (bool, error) {
 		ps = ProcessSample{ProcessRef: ProcessRef{Role: "test", PID: cmd.Process.Pid, WithChildren: true}}
 		if err := ps.read(); err != nil {
 			t.Fatal(err)
 		}
-		if ps.Processes >= 2 && ps.RChar >= 4<<20 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sample never covered the child's reads: %+v", ps)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return ps.Processes >= 2 && ps.RChar >= 4<<20, fmt.Errorf("sample never covered the child's reads: %+v", ps)
+	})
 	if ps.RSSKiB == 0 || ps.HWMKiB < ps.RSSKiB || ps.AnonKiB == 0 || ps.AnonKiB > ps.RSSKiB {
 		t.Fatalf("memory counters: %+v", ps)
 	}

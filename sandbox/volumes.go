@@ -8,13 +8,10 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
-	"github.com/kata-fsx/kata-fsx/config"
-	"github.com/kata-fsx/kata-fsx/hypervisor"
 	"github.com/kata-fsx/kata-fsx/mount"
 	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
@@ -47,7 +44,7 @@ type volumeSharer struct {
 // shareBind binds the mount's source into the shared directory and
 // returns where the guest finds it.
 func (v *volumeSharer) shareBind(m specs.Mount, o virtiofs.VolumeOptions) (string, error) {
-	shared, guestDir, st, err := v.s.volumeShare(v.ctx)
+	shared, guestDir, st, err := v.s.backend.volumeShare(v.ctx)
 	if err != nil {
 		return "", err
 	}
@@ -87,83 +84,9 @@ func (v *volumeSharer) memoryEmptyDir(src string) (uint32, bool) {
 
 // undo removes the binds made so far, for a container that failed.
 func (v *volumeSharer) undo() error {
-	var errs []error
-	for _, vol := range v.vols {
-		if err := v.s.shared.UnshareVolume(vol); err != nil {
-			errs = append(errs, err)
-		}
-	}
+	err := v.s.backend.unshareVolumes(v.vols)
 	v.vols = nil
-	return errors.Join(errs...)
-}
-
-// volumeShare returns the shared directory volumes are bound into, the
-// guest directory it appears under and, on imagefs-blk, the storage a
-// container using it mounts. An imagefs-blk pod's virtiofsd is started
-// and hot-plugged here, at its first container with volumes.
-func (s *Sandbox) volumeShare(ctx context.Context) (*virtiofs.SharedDir, string, *pb.Storage, error) {
-	switch s.Decision.Backend {
-	case config.SharedFSVirtioFS, config.SharedFS9P:
-		return s.shared, virtiofs.GuestSharedMount, nil, nil
-	case config.SharedFSImagefsBlk:
-	default:
-		return nil, "", nil, fmt.Errorf("backend %s has no shared directory to share host paths through", s.Decision.Backend)
-	}
-	s.volMu.Lock()
-	defer s.volMu.Unlock()
-	if s.volumesGuestDir == "" {
-		if err := s.hotplugVolumesFS(ctx); err != nil {
-			return nil, "", nil, err
-		}
-		s.volumesGuestDir = guestVolumesMount
-	}
-	st := &pb.Storage{Driver: "virtio-fs", Source: sharedTag, Fstype: "virtiofs", MountPoint: s.volumesGuestDir}
-	return s.shared, s.volumesGuestDir, st, nil
-}
-
-// hotplugVolumesFS starts the virtiofsd of an imagefs-blk pod's volumes
-// and plugs its device into the running VM. On error nothing of it is
-// left.
-func (s *Sandbox) hotplugVolumesFS(ctx context.Context) (err error) {
-	sock, err := s.startDaemon(ctx, s.daemon, s.daemonErr)
-	defer func() {
-		if err != nil {
-			err = errors.Join(err, s.stopVolumesFS(ctx))
-		}
-	}()
-	if err != nil {
-		return err
-	}
-	// No DAX window: a hot-plugged device's BAR must fit the bridge's
-	// window, which a cache of guest-RAM size does not.
-	dev := hypervisor.VhostUserFS{ID: volumesFSID, SocketPath: sock, Tag: sharedTag, QueueSize: s.cfg.QEMU().VirtioFSQueueSize}
-	s.volFS, err = s.vm.HotplugVhostUserFS(ctx, dev)
-	if err != nil {
-		s.volFS = nil
-		return s.Explain(fmt.Errorf("hot-plug the volumes' virtio-fs device: %w", err))
-	}
-	s.watch(func() (<-chan struct{}, func() error) { return s.vfsd.Done(), s.vfsd.Err })
-	log.G(ctx).WithField("sandbox", s.ID).Infof("volumes: virtiofsd (pid %d) started and %s hot-plugged at PCI path %s", s.vfsd.Pid(), volumesFSID, s.volFS.Slot.Path)
-	return nil
-}
-
-// stopVolumesFS stops a volumes virtiofsd whose device never made it
-// into the VM and removes its shared directory.
-func (s *Sandbox) stopVolumesFS(ctx context.Context) error {
-	var errs []error
-	if s.vfsd != nil {
-		if err := s.vfsd.Stop(ctx); err != nil {
-			errs = append(errs, err)
-		}
-		s.vfsd = nil
-	}
-	if s.shared != nil {
-		if err := s.shared.Cleanup(); err != nil {
-			errs = append(errs, err)
-		}
-		s.shared = nil
-	}
-	return errors.Join(errs...)
+	return err
 }
 
 // containerMounts turns a container's OCI mounts into the agent's, sharing
@@ -201,13 +124,10 @@ func (s *Sandbox) removeVolumes(cid string) error {
 	vols := s.volumes[cid]
 	delete(s.volumes, cid)
 	s.mu.Unlock()
-	var errs []error
-	for _, vol := range vols {
-		if err := s.shared.UnshareVolume(vol); err != nil {
-			errs = append(errs, fmt.Errorf("container %s: %w", cid, err))
-		}
+	if err := s.backend.unshareVolumes(vols); err != nil {
+		return fmt.Errorf("container %s: %w", cid, err)
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // mountName names an OCI mount in errors.

@@ -27,3 +27,22 @@ func TestLazyRootfsAnnotationGated(t *testing.T) {
 		t.Fatalf("non-registry source: %v, want an error saying what is wanted", err)
 	}
 }
+
+// A pod put on imagefs-blk by the lazy-image annotation says so, not
+// that the backend was requested explicitly.
+func TestLazyBackendReason(t *testing.T) {
+	cfg := config.Default()
+	spec := sandbox.Spec{ID: "c1", Config: cfg, Annotations: map[string]string{},
+		Rootfs: config.Rootfs{Kind: config.RootfsImage, ImageRef: "registry:127.0.0.1:1/x:y"}}
+	lazyBackend(&spec, "registry:127.0.0.1:1/x:y")
+	d, err := sandbox.Decide(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Backend != config.SharedFSImagefsBlk {
+		t.Errorf("backend %s, want %s", d.Backend, config.SharedFSImagefsBlk)
+	}
+	if !strings.Contains(d.Reason, "annotation "+config.AnnotationLazyImage) || strings.Contains(d.Reason, "--backend") {
+		t.Errorf("reason %q, want one naming the annotation", d.Reason)
+	}
+}

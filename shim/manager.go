@@ -34,8 +34,10 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/kata-fsx/kata-fsx/atomicfile"
 	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/sandbox"
+	"github.com/kata-fsx/kata-fsx/sandbox/rootfs"
 )
 
 // RuntimeType is the containerd runtime type this shim answers to.
@@ -249,7 +251,7 @@ func startShim(ctx context.Context, f *shimFlags) (string, error) {
 		// A workload container joins its pod's running shim.
 		if c, err := net.DialTimeout("unix", sock, 2*time.Second); err == nil {
 			c.Close()
-			return addr, writeFileAtomic(filepath.Join(f.bundle, "address"), []byte(addr), 0o600)
+			return addr, atomicfile.WriteFile(filepath.Join(f.bundle, "address"), []byte(addr), 0o600)
 		}
 		return "", fmt.Errorf("container %s: the shim of pod %s is not running at %s", f.id, group, sock)
 	}
@@ -299,29 +301,17 @@ func startShim(ctx context.Context, f *shimFlags) (string, error) {
 	}
 	pid := cmd.Process.Pid
 	_ = cmd.Process.Release()
-	if err := writeFileAtomic(filepath.Join(f.bundle, "shim.pid"), []byte(fmt.Sprint(pid)), 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(f.bundle, "shim.pid"), []byte(fmt.Sprint(pid)), 0o600); err != nil {
 		syscall.Kill(pid, syscall.SIGKILL)
 		os.Remove(sock)
 		return "", err
 	}
-	if err := writeFileAtomic(filepath.Join(f.bundle, "address"), []byte(addr), 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(f.bundle, "address"), []byte(addr), 0o600); err != nil {
 		syscall.Kill(pid, syscall.SIGKILL)
 		os.Remove(sock)
 		return "", err
 	}
 	return addr, nil
-}
-
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
 }
 
 // serveShim is the long-lived server: it serves the Task API on the
@@ -434,7 +424,7 @@ func deleteShim(ctx context.Context, f *shimFlags, warn io.Writer) (*taskapi.Del
 			}
 		}
 	}
-	if err := unmountRootfs(filepath.Join(f.bundle, "rootfs")); err != nil {
+	if err := rootfs.Unmount(filepath.Join(f.bundle, "rootfs")); err != nil {
 		errs = append(errs, err)
 	}
 	return resp, errors.Join(errs...)
@@ -454,7 +444,7 @@ func writeBundleState(bundle string, st bundleState) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(bundle, bundleStateFile), b, 0o600)
+	return atomicfile.WriteFile(filepath.Join(bundle, bundleStateFile), b, 0o600)
 }
 
 func readBundleState(bundle string) (*bundleState, error) {

@@ -28,7 +28,7 @@ func (s *service) forwardOOM(sb *sandbox.Sandbox) {
 		cancel()
 	}()
 	for {
-		id, err := sb.Agent().GetOOMEvent(ctx)
+		id, err := sb.Guest().OOMEvent(ctx)
 		if err == nil {
 			s.log(id).Warn("OOM kill in the guest")
 			s.opts.events.send(&eventsapi.TaskOOM{ContainerID: id})

@@ -55,12 +55,12 @@ func (s *service) setPaused(ctx context.Context, id string, pause bool) (*emptyp
 		return nil, err
 	}
 	if pause {
-		err = sb.Agent().PauseContainer(ctx, id)
+		err = sb.Guest().Pause(ctx, id)
 	} else {
-		err = sb.Agent().ResumeContainer(ctx, id)
+		err = sb.Guest().Resume(ctx, id)
 	}
 	if err != nil {
-		return nil, toStatus(sb.Explain(err))
+		return nil, sb.Explain(err)
 	}
 	s.mu.Lock()
 	c.paused = pause

@@ -11,11 +11,9 @@ import (
 
 	"github.com/containerd/fifo"
 	"github.com/containerd/log"
+	"github.com/kata-fsx/kata-fsx/sandbox"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
-
-	"github.com/kata-fsx/kata-fsx/agent"
-	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 )
 
 // procState is where a task process is in its life; the only moves are
@@ -90,8 +88,8 @@ type process struct {
 	execID      string // "" for the init process
 	agentExecID string // the agent's name for it: the container id for init
 	io          stdio
-	// agentProcess is an exec's process as the agent takes it, kept from Exec to Start.
-	agentProcess *pb.Process
+	// execSpec is an exec's process as the guest runs it, kept from Exec to Start.
+	execSpec *sandbox.ProcessSpec
 
 	// mu guards the fields below; it is the last lock taken (the
 	// service's mu may be held) and nothing waits under it: closing
@@ -180,7 +178,7 @@ func (p *process) setExited(status uint32) bool {
 
 // startIO opens the process's fifos and copies the agent's streams into
 // them (and the stdin fifo into the agent) until the streams end.
-func (p *process) startIO(ctx context.Context, a *agent.Client) error {
+func (p *process) startIO(ctx context.Context, g *sandbox.Guest) error {
 	ctx, cancel := context.WithCancel(ctx)
 	p.ioMu.Lock()
 	p.ioCancel = cancel
@@ -209,7 +207,7 @@ func (p *process) startIO(ctx context.Context, a *agent.Client) error {
 			p.closeIO()
 			return err
 		}
-		r := a.StreamReader(ctx, p.containerID, p.agentExecID, s.stderr)
+		r := g.Output(ctx, p.containerID, p.agentExecID, s.stderr)
 		p.copies.Add(1)
 		go func() {
 			defer p.copies.Done()
@@ -235,7 +233,7 @@ func (p *process) startIO(ctx context.Context, a *agent.Client) error {
 			return fmt.Errorf("stdin fifo %s: %w", p.io.stdin, err)
 		}
 		p.stdin = &stdinPump{raw: raw, done: make(chan struct{})}
-		go p.stdin.run(ctx, a, p.containerID, p.agentExecID)
+		go p.stdin.run(ctx, g, p.containerID, p.agentExecID)
 	}
 	return nil
 }

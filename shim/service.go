@@ -25,11 +25,10 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
 	"github.com/kata-fsx/kata-fsx/config"
-	"github.com/kata-fsx/kata-fsx/content/lazyroot"
-	"github.com/kata-fsx/kata-fsx/nodecache/node"
+	"github.com/kata-fsx/kata-fsx/node"
 	"github.com/kata-fsx/kata-fsx/sandbox"
+	"github.com/kata-fsx/kata-fsx/sandbox/rootfs"
 )
 
 // ioGrace bounds how long an exited process's output may still drain.
@@ -38,34 +37,6 @@ const ioGrace = 5 * time.Second
 // stdinDrainTimeout bounds how long CloseIO waits for what is in the stdin
 // fifo to reach the guest before closing the process's stdin regardless.
 const stdinDrainTimeout = 5 * time.Second
-
-// Errors as containerd's errdefs understands them over ttrpc.
-func errNotFound(format string, a ...any) error {
-	return status.Errorf(codes.NotFound, format, a...)
-}
-func errAlreadyExists(format string, a ...any) error {
-	return status.Errorf(codes.AlreadyExists, format, a...)
-}
-func errPrecondition(format string, a ...any) error {
-	return status.Errorf(codes.FailedPrecondition, format, a...)
-}
-func errInvalid(format string, a ...any) error {
-	return status.Errorf(codes.InvalidArgument, format, a...)
-}
-func errUnimplemented(format string, a ...any) error {
-	return status.Errorf(codes.Unimplemented, format, a...)
-}
-
-// toStatus gives errors without a status code one containerd can log.
-func toStatus(err error) error {
-	if err == nil {
-		return nil
-	}
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	return status.Error(codes.Unknown, err.Error())
-}
 
 // container is one task: its bundle, its init process and its execs.
 type container struct {
@@ -153,6 +124,7 @@ func (s *service) pid() uint32 { return uint32(os.Getpid()) }
 
 // Create creates a container: the pod's sandbox container boots the VM.
 func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *taskapi.CreateTaskResponse, err error) {
+	defer toGRPC(&err)
 	if r.Checkpoint != "" || r.ParentCheckpoint != "" {
 		return nil, errUnimplemented("container %s: checkpoint/restore is not supported", r.ID)
 	}
@@ -181,19 +153,19 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 	for _, m := range r.Rootfs {
 		mounts = append(mounts, config.Mount{Type: m.Type, Source: m.Source, Options: m.Options})
 	}
-	remote, isRemote, err := parseRemoteRootfs(mounts)
+	remote, isRemote, err := rootfs.ParseRemote(mounts)
 	if err != nil {
 		return nil, errInvalid("container %s: %v", r.ID, err)
 	}
 	policyMounts := mounts
 	if isRemote {
-		policyMounts = remote.policyMounts()
+		policyMounts = remote.PolicyMounts()
 	}
 	rootfsDir := bundleRootfs(r.Bundle, spec, len(mounts) > 0)
-	rootfs := config.RootfsFromMounts(policyMounts, rootfsDir)
+	rf := config.RootfsFromMounts(policyMounts, rootfsDir)
 	defer func() {
 		if err != nil && c.rootfsMounted {
-			if uerr := unmountRootfs(rootfsDir); uerr != nil {
+			if uerr := rootfs.Unmount(rootfsDir); uerr != nil {
 				s.log(r.ID).WithError(uerr).Warn("unmount rootfs after failed create")
 			}
 		}
@@ -207,8 +179,8 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 		if podGroup(r.ID, spec.Annotations) != r.ID || r.ID != s.opts.group {
 			return nil, errPrecondition("container %s: pod %s has no sandbox in this shim", r.ID, s.opts.group)
 		}
-		if sb, err = s.createSandbox(ctx, r, spec, rootfs, remote); err != nil {
-			return nil, toStatus(err)
+		if sb, err = s.createSandbox(ctx, r, spec, rf, remote); err != nil {
+			return nil, err
 		}
 		owns = true
 		defer func() {
@@ -222,21 +194,21 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 		s.log(r.ID).Infof("container %s joins pod %s (backend %s)", r.ID, sb.ID, sb.Decision.Backend)
 	}
 	if err := writeBundleState(r.Bundle, bundleState{SandboxID: sb.ID, SandboxDir: sb.Dir, OwnsSandbox: owns}); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
-	if sb.Decision.Backend != config.SharedFSImagefsBlk && len(mounts) > 0 {
-		if err := mountRootfs(ctx, mounts, rootfsDir, s.logf(r.ID)); err != nil {
-			return nil, toStatus(fmt.Errorf("container %s: %w", r.ID, err))
+	if !sb.Backend().BuildsRootfs() && len(mounts) > 0 {
+		if err := rootfs.Mount(ctx, mounts, rootfsDir, s.logf(r.ID)); err != nil {
+			return nil, fmt.Errorf("container %s: %w", r.ID, err)
 		}
 		c.rootfsMounted = true
 	}
-	cspec := sandbox.ContainerSpec{ID: r.ID, RootfsDir: rootfsDir, Rootfs: rootfs, OCI: spec}
-	if !owns && isRemote && sb.Decision.Backend == config.SharedFSImagefsBlk {
+	cspec := sandbox.ContainerSpec{ID: r.ID, RootfsDir: rootfsDir, Rootfs: rf, OCI: spec}
+	if !owns && isRemote && sb.Backend().BuildsRootfs() {
 		if cspec.RootfsIndex, cspec.RootfsLazy, err = s.remoteLazyRootfs(ctx, r.ID, sb.Decision.Config, remote); err != nil {
-			return nil, toStatus(err)
+			return nil, err
 		}
 		if cspec.RootfsLazy != nil {
-			cspec.Rootfs = config.Rootfs{Kind: config.RootfsImage, ImageRef: lazyroot.Prefix + remote.topRef()}
+			cspec.Rootfs = config.Rootfs{Kind: config.RootfsImage, ImageRef: remote.ImageRef()}
 		}
 	}
 	cctx, ccancel := untilFailed(ctx, sb)
@@ -252,14 +224,14 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 				err = errors.Join(err, fmt.Errorf("undo: %w", rerr))
 			}
 		}
-		return nil, toStatus(err)
+		return nil, err
 	}
-	if err := c.init.startIO(s.ctx, sb.Agent()); err != nil {
+	if err := c.init.startIO(s.ctx, sb.Guest()); err != nil {
 		err = fmt.Errorf("container %s: stdio: %w", r.ID, err)
 		if rerr := sb.RemoveContainer(context.Background(), r.ID, 5*time.Second); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("undo: %w", rerr))
 		}
-		return nil, toStatus(err)
+		return nil, err
 	}
 	s.mu.Lock()
 	s.containers[r.ID] = c
@@ -274,7 +246,7 @@ func (s *service) Create(ctx context.Context, r *taskapi.CreateTaskRequest) (_ *
 // createSandbox boots the pod VM for its first container. The VM lives
 // with the server, not the request, but a request cancelled during the
 // boot aborts it.
-func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskRequest, spec *specs.Spec, rootfs config.Rootfs, remote *remoteRootfs) (*sandbox.Sandbox, error) {
+func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskRequest, spec *specs.Spec, rf config.Rootfs, remote *rootfs.Remote) (*sandbox.Sandbox, error) {
 	cfgPath, err := configPathOption(r.Options)
 	if err != nil {
 		return nil, errInvalid("container %s: %v", r.ID, err)
@@ -297,13 +269,24 @@ func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskReques
 	if spec.Linux != nil {
 		res = spec.Linux.Resources
 	}
-	sbSpec := sandbox.Spec{ID: r.ID, Config: cfg, Annotations: spec.Annotations, Rootfs: rootfs, Hostname: hostname, Resources: res, NetNSPath: netNSPath(spec)}
+	sbSpec := sandbox.Spec{ID: r.ID, Config: cfg, Annotations: spec.Annotations, Rootfs: rf, Hostname: hostname, Resources: res, NetNSPath: netNSPath(spec)}
 	if err := s.lazyRootfs(ctx, &sbSpec); err != nil {
 		sbCancel()
 		return nil, err
 	}
+	// Decided once, before the rootfs is chosen: the sandbox takes this
+	// decision, and its reason, as it is.
+	d, err := sandbox.Decide(sbSpec)
+	if err != nil {
+		sbCancel()
+		if remote != nil && sbSpec.RootfsLazy == nil {
+			return nil, errInvalid("container %s: %v", r.ID, err)
+		}
+		return nil, fmt.Errorf("sandbox %s: %w", r.ID, err)
+	}
+	sbSpec.Decision = &d
 	if remote != nil && sbSpec.RootfsLazy == nil {
-		if err := s.remoteSandboxRootfs(ctx, &sbSpec, remote); err != nil {
+		if err := s.remoteSandboxRootfs(ctx, &sbSpec, remote, d); err != nil {
 			sbCancel()
 			return nil, err
 		}
@@ -387,7 +370,8 @@ func configPathOption(a *anypb.Any) (string, error) {
 }
 
 // Start starts the init process of a container or one of its execs.
-func (s *service) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.StartResponse, error) {
+func (s *service) Start(ctx context.Context, r *taskapi.StartRequest) (_ *taskapi.StartResponse, err error) {
+	defer toGRPC(&err)
 	c, p, err := s.lookup(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -402,10 +386,10 @@ func (s *service) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.
 	if err := p.setRunning(); err != nil {
 		return nil, errPrecondition("container %s: %v", r.ID, err)
 	}
-	a := sb.Agent()
+	g := sb.Guest()
 	actx, cancel := untilFailed(ctx, sb)
 	if r.ExecID == "" {
-		err = a.StartContainer(actx, c.id)
+		err = g.StartContainer(actx, c.id)
 	} else {
 		err = s.execInGuest(actx, c, p)
 	}
@@ -416,17 +400,17 @@ func (s *service) Start(ctx context.Context, r *taskapi.StartRequest) (*taskapi.
 		if status.Code(err) == codes.NotFound {
 			return nil, errNotFound("%v", err)
 		}
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if r.ExecID != "" {
-		if err := p.startIO(s.ctx, a); err != nil {
-			_ = a.SignalProcess(context.Background(), c.id, p.agentExecID, syscall.SIGKILL)
-			return nil, toStatus(err)
+		if err := p.startIO(s.ctx, g); err != nil {
+			_ = g.Signal(context.Background(), c.id, p.agentExecID, syscall.SIGKILL)
+			return nil, err
 		}
 	}
 	if size := p.setStartedInGuest(); size != nil {
 		// A resize that came before the process existed in the guest.
-		if err := a.TtyWinResize(ctx, c.id, p.agentExecID, size.Height, size.Width); err != nil {
+		if err := g.ResizePty(ctx, c.id, p.agentExecID, size.Height, size.Width); err != nil {
 			s.log(c.id).WithError(err).Warnf("%s: resize terminal to %dx%d", describe(c.id, r.ExecID), size.Height, size.Width)
 		}
 	}
@@ -458,7 +442,7 @@ func untilFailed(ctx context.Context, sb *sandbox.Sandbox) (context.Context, con
 
 // execInGuest starts an exec process in the agent from its recorded spec.
 func (s *service) execInGuest(ctx context.Context, c *container, p *process) error {
-	return s.currentSandbox().Agent().ExecProcess(ctx, &pb.ExecProcessRequest{ContainerId: c.id, ExecId: p.agentExecID, Process: p.agentProcess})
+	return s.currentSandbox().Guest().Exec(ctx, c.id, p.agentExecID, p.execSpec)
 }
 
 func (s *service) currentSandbox() *sandbox.Sandbox {
@@ -476,7 +460,7 @@ func (s *service) waitExit(sb *sandbox.Sandbox, p *process) {
 	}
 	waited := make(chan result, 1)
 	go func() {
-		code, err := sb.Agent().WaitProcess(s.ctx, p.containerID, p.agentExecID)
+		code, err := sb.Guest().Wait(s.ctx, p.containerID, p.agentExecID)
 		waited <- result{code, err}
 	}()
 	var code uint32
@@ -515,7 +499,8 @@ func (s *service) exited(p *process, code uint32) {
 
 // Delete removes an exec, or a container once its init stopped; the
 // pod's last container takes the VM with it.
-func (s *service) Delete(ctx context.Context, r *taskapi.DeleteRequest) (*taskapi.DeleteResponse, error) {
+func (s *service) Delete(ctx context.Context, r *taskapi.DeleteRequest) (_ *taskapi.DeleteResponse, err error) {
+	defer toGRPC(&err)
 	c, p, err := s.lookup(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -556,13 +541,13 @@ func (s *service) Delete(ctx context.Context, r *taskapi.DeleteRequest) (*taskap
 		}
 	}
 	if c.rootfsMounted {
-		if err := unmountRootfs(filepath.Join(c.bundle, "rootfs")); err != nil {
+		if err := rootfs.Unmount(filepath.Join(c.bundle, "rootfs")); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	s.opts.events.send(&eventsapi.TaskDelete{ContainerID: c.id, ID: c.id, Pid: s.pid(), ExitStatus: code, ExitedAt: timestamppb.New(at)})
 	if err := errors.Join(errs...); err != nil {
-		return nil, toStatus(fmt.Errorf("delete %s: %w", c.id, err))
+		return nil, fmt.Errorf("delete %s: %w", c.id, err)
 	}
 	return &taskapi.DeleteResponse{Pid: s.pid(), ExitStatus: code, ExitedAt: timestamppb.New(at)}, nil
 }
@@ -609,14 +594,15 @@ func (s *service) stopAll(ctx context.Context) {
 	}
 	s.mu.Unlock()
 	for _, b := range bundles {
-		if err := unmountRootfs(filepath.Join(b, "rootfs")); err != nil {
+		if err := rootfs.Unmount(filepath.Join(b, "rootfs")); err != nil {
 			log.G(ctx).WithError(err).Error("teardown")
 		}
 	}
 }
 
 // Exec adds an exec process to a running container; Start starts it.
-func (s *service) Exec(ctx context.Context, r *taskapi.ExecProcessRequest) (*emptypb.Empty, error) {
+func (s *service) Exec(ctx context.Context, r *taskapi.ExecProcessRequest) (_ *emptypb.Empty, err error) {
+	defer toGRPC(&err)
 	if err := sandbox.ValidID(r.ExecID); err != nil {
 		return nil, errInvalid("exec id: %v", err)
 	}
@@ -630,11 +616,11 @@ func (s *service) Exec(ctx context.Context, r *taskapi.ExecProcessRequest) (*emp
 	if err := checkTerminal(r.Terminal, &ps); err != nil {
 		return nil, errInvalid("exec %s: %v", r.ExecID, err)
 	}
-	agentProcess, err := sandbox.ProcessSpec(&ps)
+	execSpec, err := sandbox.NewProcessSpec(&ps)
 	if err != nil {
 		return nil, errInvalid("exec %s: %v", r.ExecID, err)
 	}
-	if err := s.addExec(r, agentProcess); err != nil {
+	if err := s.addExec(r, execSpec); err != nil {
 		return nil, err
 	}
 	// Sent with mu released: send waits while the event queue is full,
@@ -644,7 +630,7 @@ func (s *service) Exec(ctx context.Context, r *taskapi.ExecProcessRequest) (*emp
 }
 
 // addExec records the exec r adds to its running container.
-func (s *service) addExec(r *taskapi.ExecProcessRequest, agentProcess *pb.Process) error {
+func (s *service) addExec(r *taskapi.ExecProcessRequest, execSpec *sandbox.ProcessSpec) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c, ok := s.containers[r.ID]
@@ -660,12 +646,13 @@ func (s *service) addExec(r *taskapi.ExecProcessRequest, agentProcess *pb.Proces
 	c.execSeq++
 	p := newProcess(r.ID, r.ExecID, fmt.Sprintf("%s.%d", r.ExecID, c.execSeq), stdio{stdin: r.Stdin, stdout: r.Stdout, stderr: r.Stderr, terminal: r.Terminal})
 	c.execs[r.ExecID] = p
-	p.agentProcess = agentProcess
+	p.execSpec = execSpec
 	return nil
 }
 
 // State reports a process's state.
-func (s *service) State(ctx context.Context, r *taskapi.StateRequest) (*taskapi.StateResponse, error) {
+func (s *service) State(ctx context.Context, r *taskapi.StateRequest) (_ *taskapi.StateResponse, err error) {
+	defer toGRPC(&err)
 	c, p, err := s.lookup(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -693,7 +680,8 @@ func (s *service) State(ctx context.Context, r *taskapi.StateRequest) (*taskapi.
 
 // Pids lists the container's processes; guest pids are not visible, so
 // each process of the task reports the shim's pid.
-func (s *service) Pids(ctx context.Context, r *taskapi.PidsRequest) (*taskapi.PidsResponse, error) {
+func (s *service) Pids(ctx context.Context, r *taskapi.PidsRequest) (_ *taskapi.PidsResponse, err error) {
+	defer toGRPC(&err)
 	if _, _, err := s.lookup(r.ID, ""); err != nil {
 		return nil, err
 	}
@@ -701,7 +689,8 @@ func (s *service) Pids(ctx context.Context, r *taskapi.PidsRequest) (*taskapi.Pi
 }
 
 // Kill signals a process in the guest.
-func (s *service) Kill(ctx context.Context, r *taskapi.KillRequest) (*emptypb.Empty, error) {
+func (s *service) Kill(ctx context.Context, r *taskapi.KillRequest) (_ *emptypb.Empty, err error) {
+	defer toGRPC(&err)
 	_, p, err := s.lookup(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -719,18 +708,19 @@ func (s *service) Kill(ctx context.Context, r *taskapi.KillRequest) (*emptypb.Em
 	if sb == nil || sb.Err() != nil {
 		return &emptypb.Empty{}, nil // the VM is gone: so is the process, its exit follows
 	}
-	if err := sb.Agent().SignalProcess(ctx, p.containerID, p.agentExecID, syscall.Signal(r.Signal)); err != nil {
+	if err := sb.Guest().Signal(ctx, p.containerID, p.agentExecID, syscall.Signal(r.Signal)); err != nil {
 		if st, _, _ := p.status(); st == procStopped {
 			return nil, errNotFound("%s: process already finished", describe(r.ID, r.ExecID))
 		}
-		return nil, toStatus(sb.Explain(err))
+		return nil, sb.Explain(err)
 	}
 	return &emptypb.Empty{}, nil
 }
 
 // ResizePty resizes a process's terminal in the guest (the agent's
 // TtyWinResize); a process not started yet gets the size when it starts.
-func (s *service) ResizePty(ctx context.Context, r *taskapi.ResizePtyRequest) (*emptypb.Empty, error) {
+func (s *service) ResizePty(ctx context.Context, r *taskapi.ResizePtyRequest) (_ *emptypb.Empty, err error) {
+	defer toGRPC(&err)
 	_, p, err := s.lookup(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -751,18 +741,19 @@ func (s *service) ResizePty(ctx context.Context, r *taskapi.ResizePtyRequest) (*
 	if sb == nil || sb.Err() != nil {
 		return nil, errPrecondition("%s: the pod VM is gone", describe(r.ID, r.ExecID))
 	}
-	if err := sb.Agent().TtyWinResize(ctx, p.containerID, p.agentExecID, r.Height, r.Width); err != nil {
+	if err := sb.Guest().ResizePty(ctx, p.containerID, p.agentExecID, r.Height, r.Width); err != nil {
 		if st, _, _ := p.status(); st == procStopped {
 			return nil, errNotFound("%s: process already finished", describe(r.ID, r.ExecID))
 		}
-		return nil, toStatus(sb.Explain(err))
+		return nil, sb.Explain(err)
 	}
 	return &emptypb.Empty{}, nil
 }
 
 // CloseIO closes a process's stdin in the guest (on a terminal, the agent
 // types the terminal's end-of-file character: closing it would hang it up).
-func (s *service) CloseIO(ctx context.Context, r *taskapi.CloseIORequest) (*emptypb.Empty, error) {
+func (s *service) CloseIO(ctx context.Context, r *taskapi.CloseIORequest) (_ *emptypb.Empty, err error) {
+	defer toGRPC(&err)
 	_, p, err := s.lookup(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -780,14 +771,15 @@ func (s *service) CloseIO(ctx context.Context, r *taskapi.CloseIORequest) (*empt
 	if p.stdin != nil && !p.stdin.drained(ctx, stdinDrainTimeout) {
 		return &emptypb.Empty{}, nil // the pump ended: stdin is closed already
 	}
-	if err := sb.Agent().CloseStdin(ctx, p.containerID, p.agentExecID); err != nil {
-		return nil, toStatus(err)
+	if err := sb.Guest().CloseStdin(ctx, p.containerID, p.agentExecID); err != nil {
+		return nil, err
 	}
 	return &emptypb.Empty{}, nil
 }
 
 // Wait blocks until a process exits and returns its status.
-func (s *service) Wait(ctx context.Context, r *taskapi.WaitRequest) (*taskapi.WaitResponse, error) {
+func (s *service) Wait(ctx context.Context, r *taskapi.WaitRequest) (_ *taskapi.WaitResponse, err error) {
+	defer toGRPC(&err)
 	_, p, err := s.lookup(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
@@ -795,7 +787,7 @@ func (s *service) Wait(ctx context.Context, r *taskapi.WaitRequest) (*taskapi.Wa
 	select {
 	case <-p.waitBlock:
 	case <-ctx.Done():
-		return nil, toStatus(ctx.Err())
+		return nil, ctx.Err()
 	}
 	_, code, at := p.status()
 	return &taskapi.WaitResponse{ExitStatus: code, ExitedAt: timestamppb.New(at)}, nil
@@ -808,7 +800,8 @@ func (s *service) Wait(ctx context.Context, r *taskapi.WaitRequest) (*taskapi.Wa
 // know), and the host's counts include the guest kernel's own I/O
 // (journal, readahead, writeback); they are on the metrics socket
 // instead (docs/metrics.md).
-func (s *service) Stats(ctx context.Context, r *taskapi.StatsRequest) (*taskapi.StatsResponse, error) {
+func (s *service) Stats(ctx context.Context, r *taskapi.StatsRequest) (_ *taskapi.StatsResponse, err error) {
+	defer toGRPC(&err)
 	c, _, err := s.lookup(r.ID, "")
 	if err != nil {
 		return nil, err
@@ -817,24 +810,26 @@ func (s *service) Stats(ctx context.Context, r *taskapi.StatsRequest) (*taskapi.
 	if err != nil {
 		return nil, err
 	}
-	st, err := sb.Agent().StatsContainer(ctx, c.id)
+	st, err := sb.Guest().Stats(ctx, c.id)
 	if err != nil {
-		return nil, toStatus(sb.Explain(err))
+		return nil, sb.Explain(err)
 	}
-	data, err := marshalMetrics(cgroupMetrics(st))
+	data, err := marshalMetrics(st)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &taskapi.StatsResponse{Stats: data}, nil
 }
 
 // Connect tells containerd the shim's pid.
-func (s *service) Connect(ctx context.Context, r *taskapi.ConnectRequest) (*taskapi.ConnectResponse, error) {
+func (s *service) Connect(ctx context.Context, r *taskapi.ConnectRequest) (_ *taskapi.ConnectResponse, err error) {
+	defer toGRPC(&err)
 	return &taskapi.ConnectResponse{ShimPid: uint32(os.Getpid()), TaskPid: s.pid(), Version: RuntimeType}, nil
 }
 
 // Shutdown ends the server once the pod has no containers left.
-func (s *service) Shutdown(ctx context.Context, r *taskapi.ShutdownRequest) (*emptypb.Empty, error) {
+func (s *service) Shutdown(ctx context.Context, r *taskapi.ShutdownRequest) (_ *emptypb.Empty, err error) {
+	defer toGRPC(&err)
 	s.mu.Lock()
 	n := len(s.containers)
 	s.mu.Unlock()
@@ -847,23 +842,27 @@ func (s *service) Shutdown(ctx context.Context, r *taskapi.ShutdownRequest) (*em
 
 // Pause freezes the container's cgroup in the guest: one container of the
 // pod, as containerd means it, not the VM.
-func (s *service) Pause(ctx context.Context, r *taskapi.PauseRequest) (*emptypb.Empty, error) {
+func (s *service) Pause(ctx context.Context, r *taskapi.PauseRequest) (_ *emptypb.Empty, err error) {
+	defer toGRPC(&err)
 	return s.setPaused(ctx, r.ID, true)
 }
 
 // Resume thaws a paused container.
-func (s *service) Resume(ctx context.Context, r *taskapi.ResumeRequest) (*emptypb.Empty, error) {
+func (s *service) Resume(ctx context.Context, r *taskapi.ResumeRequest) (_ *emptypb.Empty, err error) {
+	defer toGRPC(&err)
 	return s.setPaused(ctx, r.ID, false)
 }
 
 // Checkpoint is not supported.
-func (s *service) Checkpoint(ctx context.Context, r *taskapi.CheckpointTaskRequest) (*emptypb.Empty, error) {
+func (s *service) Checkpoint(ctx context.Context, r *taskapi.CheckpointTaskRequest) (_ *emptypb.Empty, err error) {
+	defer toGRPC(&err)
 	return nil, errUnimplemented("checkpoint is not supported by kata-fsx")
 }
 
 // Update rewrites the container's cgroup limits in the guest (the VM's
 // own size stays as booted).
-func (s *service) Update(ctx context.Context, r *taskapi.UpdateTaskRequest) (*emptypb.Empty, error) {
+func (s *service) Update(ctx context.Context, r *taskapi.UpdateTaskRequest) (_ *emptypb.Empty, err error) {
+	defer toGRPC(&err)
 	c, _, err := s.lookup(r.ID, "")
 	if err != nil {
 		return nil, err
@@ -876,8 +875,8 @@ func (s *service) Update(ctx context.Context, r *taskapi.UpdateTaskRequest) (*em
 	if err != nil {
 		return nil, err
 	}
-	if err := sb.Agent().UpdateContainer(ctx, c.id, sandbox.AgentResources(res)); err != nil {
-		return nil, toStatus(sb.Explain(err))
+	if err := sb.Guest().Update(ctx, c.id, res); err != nil {
+		return nil, sb.Explain(err)
 	}
 	return &emptypb.Empty{}, nil
 }

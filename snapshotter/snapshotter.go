@@ -38,6 +38,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/content/lazyroot"
 	"github.com/kata-fsx/kata-fsx/content/registry"
 	"github.com/kata-fsx/kata-fsx/content/store"
+	"github.com/kata-fsx/kata-fsx/node"
 )
 
 // Labels the snapshotter reads and writes.
@@ -136,7 +137,7 @@ func New(o Options) (*Snapshotter, error) {
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
-	lo := lazyroot.ConfigOptions(o.Config, logf)
+	lo := node.LazyRootOptions(o.Config, logf)
 	life, cancel := context.WithCancel(context.Background())
 	s := &Snapshotter{
 		inner:      inner,
@@ -144,7 +145,7 @@ func New(o Options) (*Snapshotter, error) {
 		root:       o.Root,
 		remote:     o.Config.KataFSX.Snapshotter.Remote,
 		configPath: o.Config.Path,
-		storeDir:   lazyroot.StoreDir(lo),
+		storeDir:   lo.StoreDir,
 		logf:       logf,
 		cancel:     cancel,
 		resolver:   newResolver(life, lazyroot.ImageOptions(lo)),

@@ -39,6 +39,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/content/lazyimage/lazyimagetest"
 	"github.com/kata-fsx/kata-fsx/content/registry"
 	"github.com/kata-fsx/kata-fsx/content/store"
+	"github.com/kata-fsx/kata-fsx/node"
 	"github.com/kata-fsx/kata-fsx/test/logtest"
 	"github.com/kata-fsx/kata-fsx/test/registrytest"
 	"github.com/kata-fsx/kata-fsx/test/testenv"
@@ -294,7 +295,7 @@ func allocated(t *testing.T, p string) int64 {
 func readLayer(t *testing.T, ctx context.Context, e *env, img *image, i int) {
 	t.Helper()
 	lo := lazyimage.Options{Client: registry.New(registry.Options{ConfigPath: e.cfg.KataFSX.Registry.ConfigPath}),
-		CacheDir: filepath.Join(e.cfg.KataFSX.ImagefsBlk.StateDir, "indexes")}
+		CacheDir: node.LayoutOf(e.cfg).LazyIndexes()}
 	r, err := registry.ParseReference(img.ref)
 	if err != nil {
 		t.Fatal(err)
@@ -304,7 +305,7 @@ func readLayer(t *testing.T, ctx context.Context, e *env, img *image, i int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.Open(store.Options{Dir: filepath.Join(e.cfg.KataFSX.ImagefsBlk.StateDir, "content")})
+	st, err := store.Open(store.Options{Dir: node.LayoutOf(e.cfg).ContentStore()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,7 +409,7 @@ func TestRemoteLayers(t *testing.T) {
 	readLayer(t, ctx, e, img, 0)
 	readLayer(t, ctx, e, img, 1)
 	base := func(i int) string {
-		return filepath.Join(e.cfg.KataFSX.ImagefsBlk.StateDir, "content", "layers", img.Manifest.Layers[i].Digest.Encoded())
+		return filepath.Join(node.LayoutOf(e.cfg).ContentStore(), "layers", img.Manifest.Layers[i].Digest.Encoded())
 	}
 	want := fsDir + allocated(t, base(0)+".data") + allocated(t, base(0)+".chunks")
 	if u, err := e.sn.Usage(ctx, img.chain[0].String()); err != nil || u.Size != want || want <= fsDir {

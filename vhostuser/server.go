@@ -8,7 +8,7 @@
 //
 // A Device is what differs between virtio devices: its feature bits, its
 // configuration space, its number of queues and what it does with a
-// queue's descriptor chains. blk/vhostuser (virtio-blk) and vsock (virtio
+// queue's descriptor chains. blk/vhostblk (virtio-blk) and vsock (virtio
 // socket) are the devices built on this package.
 //
 // When the front-end goes away (QEMU quits or reconnects) every queue

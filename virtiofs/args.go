@@ -2,8 +2,6 @@ package virtiofs
 
 import (
 	"fmt"
-
-	"github.com/kata-fsx/kata-fsx/config"
 )
 
 // Options describe one virtiofsd instance.
@@ -13,7 +11,7 @@ type Options struct {
 	// Cache is virtio_fs_cache in Kata's spelling; it is translated to the
 	// daemon's own.
 	Cache string
-	// ExtraArgs is virtio_fs_extra_args in either dialect; see config.DaemonExtraArgs.
+	// ExtraArgs is virtio_fs_extra_args in either dialect; see Flavour.ExtraArgs.
 	ExtraArgs []string
 	// Sandbox is the daemon's sandboxing mode: "namespace" (default) or "chroot".
 	Sandbox string
@@ -34,11 +32,11 @@ func Args(o Options) ([]string, error) {
 	if o.SharedDir == "" {
 		return nil, fmt.Errorf("virtiofsd: no shared directory")
 	}
-	cache, err := config.DaemonCacheMode(o.Cache, o.Daemon.Flavour)
+	cache, err := o.Daemon.Flavour.CacheMode(o.Cache)
 	if err != nil {
 		return nil, err
 	}
-	extra, err := config.DaemonExtraArgs(o.ExtraArgs, o.Daemon.Flavour)
+	extra, err := o.Daemon.Flavour.ExtraArgs(o.ExtraArgs)
 	if err != nil {
 		return nil, err
 	}
@@ -51,10 +49,10 @@ func Args(o Options) ([]string, error) {
 	}
 	var args []string
 	switch o.Daemon.Flavour {
-	case config.FlavourC:
+	case FlavourC:
 		// -f: the C daemon would otherwise daemonize and escape supervision.
 		args = []string{fmt.Sprintf("--fd=%d", socketFD), "-f", "-o", "source=" + o.SharedDir, "-o", "cache=" + cache, "-o", "sandbox=" + sandbox}
-	case config.FlavourRust:
+	case FlavourRust:
 		args = []string{fmt.Sprintf("--fd=%d", socketFD), "--shared-dir=" + o.SharedDir, "--cache=" + cache, "--sandbox=" + sandbox}
 	default:
 		return nil, fmt.Errorf("virtiofsd %s: unknown flavour %q", o.Daemon.Path, o.Daemon.Flavour)

@@ -2,6 +2,7 @@ package virtiofs
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -12,13 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 func TestArgsPerFlavour(t *testing.T) {
-	c := &Daemon{Path: "/usr/lib/qemu/virtiofsd", Flavour: config.FlavourC}
-	r := &Daemon{Path: "/usr/libexec/virtiofsd", Flavour: config.FlavourRust}
+	c := &Daemon{Path: "/usr/lib/qemu/virtiofsd", Flavour: FlavourC}
+	r := &Daemon{Path: "/usr/libexec/virtiofsd", Flavour: FlavourRust}
 	kataExtra := []string{"--thread-pool-size=1", "--announce-submounts"}
 	got, err := Args(Options{Daemon: c, SharedDir: "/s", Cache: "never", ExtraArgs: kataExtra})
 	if err != nil {
@@ -164,14 +164,10 @@ func TestSharedDirBindsReachRunningDaemon(t *testing.T) {
 		}
 		return out
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(sandboxed()) == 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, func() (bool, error) {
+		return len(sandboxed()) > 0, errors.New("virtiofsd built no sandbox after a frontend connected")
+	})
 	pids := sandboxed()
-	if len(pids) == 0 {
-		t.Fatal("virtiofsd built no sandbox after a frontend connected")
-	}
 	guest, err := s.BindRootfs("c1", rootfs, true)
 	if err != nil {
 		t.Fatal(err)

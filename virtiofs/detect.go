@@ -12,8 +12,6 @@ import (
 	"regexp"
 	"strings"
 	"time"
-
-	"github.com/kata-fsx/kata-fsx/config"
 )
 
 // ErrNotFound means the daemon binary does not exist.
@@ -22,7 +20,7 @@ var ErrNotFound = errors.New("virtiofsd not found")
 // Daemon describes an installed virtiofsd binary.
 type Daemon struct {
 	Path    string
-	Flavour config.DaemonFlavour
+	Flavour Flavour
 	Version string // e.g. "7.2.22" for the C daemon, "1.10.1" for the Rust one
 }
 
@@ -50,9 +48,9 @@ func Detect(ctx context.Context, path string) (*Daemon, error) {
 	d := &Daemon{Path: path}
 	switch {
 	case strings.Contains(help, "--shared-dir"):
-		d.Flavour = config.FlavourRust
+		d.Flavour = FlavourRust
 	case strings.Contains(help, "-o source="):
-		d.Flavour = config.FlavourC
+		d.Flavour = FlavourC
 	default:
 		return nil, fmt.Errorf("virtiofsd %s: --help describes neither the C (-o source=) nor the Rust (--shared-dir) dialect", path)
 	}
@@ -61,7 +59,7 @@ func Detect(ctx context.Context, path string) (*Daemon, error) {
 		return nil, err
 	}
 	re := cVersionRe
-	if d.Flavour == config.FlavourRust {
+	if d.Flavour == FlavourRust {
 		re = rustVersionRe
 	}
 	if m := re.FindStringSubmatch(ver); m != nil {

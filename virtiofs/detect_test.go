@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/kata-fsx/kata-fsx/config"
 	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
@@ -21,7 +20,7 @@ func TestDetectDebianCDaemon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Flavour != config.FlavourC || d.Version == "" {
+	if d.Flavour != FlavourC || d.Version == "" {
 		t.Fatalf("got %+v", d)
 	}
 }
@@ -53,7 +52,7 @@ func TestDetectRustDialect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Flavour != config.FlavourRust || d.Version != "1.10.1" {
+	if d.Flavour != FlavourRust || d.Version != "1.10.1" {
 		t.Fatalf("got %+v", d)
 	}
 }

@@ -46,7 +46,7 @@ func TestPodAllowListRunsOnCDaemon(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, _ := config.DaemonExtraArgs(extra, config.FlavourC)
+		want, _ := FlavourC.ExtraArgs(extra)
 		if got := strings.ReplaceAll(string(cmdline), "\x00", " "); !strings.Contains(got, strings.Join(want, " ")) {
 			t.Errorf("daemon runs %q, want %q in it", got, want)
 		}

@@ -106,7 +106,7 @@ func busyboxRootfs(t *testing.T, share, cid string) {
 
 // TestQEMUGuestAgent boots the guest kit under QEMU (TCG) with this
 // device as its only agent channel (vhost-user-vsock-pci, no
-// virtio-serial port): the test agent listens on vsock port 1024, the
+// virtio-serial port): the agent listens on vsock port 1024, the
 // host reaches it through the hybrid socket, and 2 MiB go through a
 // container's cat and back (WriteStdin/ReadStdout over ttrpc over vsock).
 // A port nobody listens on closes the hybrid client (the guest's RST).

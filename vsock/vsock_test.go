@@ -3,6 +3,7 @@ package vsock
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 	vu "github.com/kata-fsx/kata-fsx/vhostuser"
 	"github.com/kata-fsx/kata-fsx/vhostuser/vhostusertest"
 	"github.com/kata-fsx/kata-fsx/virtio/virtq/testdriver"
@@ -494,8 +496,7 @@ func TestReplyBacklog(t *testing.T) {
 	tx.Drv.Write(pkt, hb[:])
 	const total = maxReplies + 40
 	published, used := 0, 0
-	deadline := time.Now().Add(vhostusertest.Wait)
-	for used < maxReplies {
+	testenv.Eventually(t, vhostusertest.Wait, func() (bool, error) {
 		for published < total && published-used < queueSize-4 {
 			tx.Publish([]testdriver.Buf{{Addr: pkt, Len: hdrSize}})
 			published++
@@ -507,11 +508,10 @@ func TestReplyBacklog(t *testing.T) {
 			}
 			used++
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d packets consumed", used, maxReplies)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return used >= maxReplies, fmt.Errorf("only %d of %d packets consumed", used, maxReplies)
+	})
+	// Nothing more may be consumed with no receive buffer: give the
+	// device time to take one too many, then count.
 	time.Sleep(200 * time.Millisecond)
 	for {
 		if _, _, ok := tx.Drv.Used(); !ok {
@@ -544,14 +544,15 @@ func TestReplyBacklog(t *testing.T) {
 		}
 	}
 	// The last used entries may follow their replies.
-	for deadline := time.Now().Add(vhostusertest.Wait); used < total && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+	testenv.Eventually(t, vhostusertest.Wait, func() (bool, error) {
 		for {
 			if _, _, ok := tx.Drv.Used(); !ok {
 				break
 			}
 			used++
 		}
-	}
+		return used >= total, fmt.Errorf("%d of %d packets consumed", used, total)
+	})
 	if used != total {
 		t.Fatalf("%d of %d packets consumed", used, total)
 	}

@@ -81,14 +81,8 @@ func (m *Map) MarshalBinary() ([]byte, error) {
 	return le.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
 }
 
-// Decode parses an encoded map, trusting nothing in it. The map holds
-// its extents on the heap; see View for one that reads them from b.
-func Decode(b []byte) (*Map, error) {
-	return parse(b, false)
-}
-
-// View is Decode for an encoded map that stays in b, typically a read-only
-// file mapping: it checks b as Decode does, but its Lookup and At read the
+// View parses an encoded map that stays in b (typically a read-only
+// file mapping), trusting nothing in it: its Lookup and At read the
 // extent records and paths straight from b, so a map costs the process a
 // few bytes of heap whatever its size, and every process mapping one file
 // shares its pages. b must stay unchanged and mapped while the map, or any

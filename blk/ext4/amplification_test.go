@@ -14,7 +14,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/index/indextest"
 )
 
-// amplificationDirs is the size of the layer of issue 16: 300,000 empty
+// amplificationDirs is the size of the hostile layer: 300,000 empty
 // directories, about 2 MB of gzip.
 const amplificationDirs = 300000
 
@@ -47,7 +47,7 @@ func runBuild(t *testing.T, bin, layout, out string, args ...string) (string, in
 	return stderr.String(), rss, err
 }
 
-// TestAmplificationLayer is issue 16's item 1: a 2 MB gzip layer of
+// TestAmplificationLayer: a 2 MB gzip layer of
 // 300,000 empty directories needs 1.2 GiB of ext4 metadata, which the
 // build used to hold in memory twice (2.75 GB RSS). It must now build in
 // 512 MiB of RSS, the metadata streamed to its file, into an image e2fsck

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 
+	"github.com/kata-fsx/kata-fsx/atomicfile"
 	"github.com/kata-fsx/kata-fsx/blk/blockmap"
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/blk/rawimage"
@@ -146,7 +147,8 @@ func blockMap(p *plan, md *metadata) (*blockmap.Map, error) {
 
 // WriteTo persists the image into dir (created if missing): the metadata
 // file, the encoded block map and the manifest. Each file is replaced
-// atomically, so rewriting the directory an image was opened from is safe.
+// whole and durably (atomicfile), so rewriting the directory an image was
+// opened from is safe.
 // An image from Build then reads dir's metadata file and releases the
 // temporary one, so the metadata is not kept twice; WriteTo must not run
 // while the image is being read.
@@ -154,7 +156,7 @@ func (img *Image) WriteTo(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("ext4: image dir: %w", err)
 	}
-	err := writeAtomic(filepath.Join(dir, MetaFile), func(w io.Writer) error {
+	err := atomicfile.Write(filepath.Join(dir, MetaFile), 0o644, func(w io.Writer) error {
 		_, err := io.Copy(w, io.NewSectionReader(img.meta, 0, img.metaSize))
 		return err
 	})
@@ -165,7 +167,7 @@ func (img *Image) WriteTo(dir string) error {
 	if err != nil {
 		return fmt.Errorf("ext4: encode block map: %w", err)
 	}
-	if err := writeAtomic(filepath.Join(dir, MapFile), func(w io.Writer) error { _, err := w.Write(enc); return err }); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, MapFile), enc, 0o644); err != nil {
 		return fmt.Errorf("ext4: write block map: %w", err)
 	}
 	js, err := json.MarshalIndent(img.Manifest, "", "  ")
@@ -173,7 +175,7 @@ func (img *Image) WriteTo(dir string) error {
 		return fmt.Errorf("ext4: encode manifest: %w", err)
 	}
 	js = append(js, '\n')
-	if err := writeAtomic(filepath.Join(dir, ManifestFile), func(w io.Writer) error { _, err := w.Write(js); return err }); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, ManifestFile), js, 0o644); err != nil {
 		return fmt.Errorf("ext4: write manifest: %w", err)
 	}
 	if img.built != nil {
@@ -185,26 +187,6 @@ func (img *Image) WriteTo(dir string) error {
 		img.meta, img.closer, img.built = f, f, nil
 	}
 	return nil
-}
-
-// writeAtomic writes p through a temporary file renamed into place.
-func writeAtomic(p string, fill func(io.Writer) error) error {
-	f, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	err = fill(f)
-	if err == nil {
-		err = f.Chmod(0o644)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), p)
 }
 
 // Open loads an image persisted by WriteTo; the metadata stays on disk and

@@ -69,9 +69,6 @@ type Store struct {
 // New returns the store kept in dir (created on first use).
 func New(dir string) *Store { return &Store{dir: dir} }
 
-// Dir is the store's directory.
-func (s *Store) Dir() string { return s.dir }
-
 // Entry is one image of the store held for serving: until Close, the
 // store's pruner cannot remove it.
 type Entry struct {

@@ -285,7 +285,7 @@ func TestAcquireBuildsOnceAcrossGoroutines(t *testing.T) {
 				t.Fatalf("built by %d of %d acquirers, want 1", built, n)
 			}
 			key := entries[0].Key
-			if got, want := strings.Join(storeNames(t, s.Dir()), " "), key+" "+key+".lock"; got != want {
+			if got, want := strings.Join(storeNames(t, s.dir), " "), key+" "+key+".lock"; got != want {
 				t.Fatalf("store holds %q, want %q", got, want)
 			}
 		})

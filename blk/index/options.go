@@ -74,5 +74,9 @@ func BlobPath(cacheDir, digest string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return filepath.Join(cacheDir, "blobs", "sha256", h), nil
+	return filepath.Join(BlobDir(cacheDir), h), nil
 }
+
+// BlobDir is the directory of a cache directory's blobs, one file per
+// diffID's hex.
+func BlobDir(cacheDir string) string { return filepath.Join(cacheDir, "blobs", "sha256") }

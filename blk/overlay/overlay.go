@@ -27,6 +27,7 @@ import (
 	"io"
 	"math/bits"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +35,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kata-fsx/kata-fsx/atomicfile"
 	"github.com/kata-fsx/kata-fsx/blk/iovec"
 )
 
@@ -344,28 +346,10 @@ func writeAll(f *os.File, b []byte, off int64) error {
 
 // syncDir makes the directory entries of p's directory durable.
 func syncDir(p string) error {
-	dir, err := os.Open(dirOf(p))
-	if err != nil {
-		return fmt.Errorf("overlay: open overlay directory: %w", err)
-	}
-	err = dir.Sync()
-	dir.Close()
-	if err != nil {
-		return fmt.Errorf("overlay: sync overlay directory: %w", err)
+	if err := atomicfile.SyncDir(filepath.Dir(p)); err != nil {
+		return fmt.Errorf("overlay: %w", err)
 	}
 	return nil
-}
-
-func dirOf(p string) string {
-	for i := len(p) - 1; i >= 0; i-- {
-		if p[i] == '/' {
-			if i == 0 {
-				return "/"
-			}
-			return p[:i]
-		}
-	}
-	return "."
 }
 
 // loadBitmap reads and checks the bitmap file's header and bits into

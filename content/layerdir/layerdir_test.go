@@ -26,6 +26,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/content/lazyimage"
 	"github.com/kata-fsx/kata-fsx/content/lazyroot"
 	"github.com/kata-fsx/kata-fsx/content/registry"
+	"github.com/kata-fsx/kata-fsx/node"
 	"github.com/kata-fsx/kata-fsx/test/logtest"
 	"github.com/kata-fsx/kata-fsx/test/registrytest"
 	"github.com/kata-fsx/kata-fsx/test/testenv"
@@ -117,7 +118,7 @@ func file(name string, mode int64, uid, gid int, data []byte) member {
 	return member{hdr: tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: mode, Uid: uid, Gid: gid}, data: data}
 }
 
-func node(name string, typ byte, mode int64, link string) member {
+func tarNode(name string, typ byte, mode int64, link string) member {
 	return member{hdr: tar.Header{Name: name, Typeflag: typ, Mode: mode, Linkname: link}}
 }
 
@@ -144,9 +145,9 @@ func pushImage(t *testing.T) *image {
 	xa.hdr.PAXRecords = map[string]string{"SCHILY.xattr.user.test": "hello", "SCHILY.xattr.trusted.kfsx": "v\x00w"}
 	xd := dir("xd/", 0o700, 7, 8)
 	xd.hdr.PAXRecords = map[string]string{"SCHILY.xattr.user.dir": "d"}
-	dev := node("null", tar.TypeChar, 0o666, "")
+	dev := tarNode("null", tar.TypeChar, 0o666, "")
 	dev.hdr.Devmajor, dev.hdr.Devminor = 1, 3
-	blk := node("loop9", tar.TypeBlock, 0o660, "")
+	blk := tarNode("loop9", tar.TypeBlock, 0o660, "")
 	blk.hdr.Devmajor, blk.hdr.Devminor = 7, 9
 	setuid := file("x/setuid", 0o4755, 0, 0, []byte("#!/bin/sh\n"))
 	l1 := layerTar(t, []member{
@@ -162,27 +163,27 @@ func pushImage(t *testing.T) *image {
 		dir("x/", 0o755, 0, 0),
 		setuid,
 		xa, xd,
-		node("fifo", tar.TypeFifo, 0o600, ""),
+		tarNode("fifo", tar.TypeFifo, 0o600, ""),
 		dev, blk,
 		file("hl1", 0o600, 3, 4, []byte("linked\n")),
-		node("hl2", tar.TypeLink, 0, "hl1"),
-		node("abs", tar.TypeSymlink, 0o777, "/etc/passwd"),
-		node("rel", tar.TypeSymlink, 0o777, "../../x"),
-		node("esc", tar.TypeSymlink, 0o777, im.outside),
+		tarNode("hl2", tar.TypeLink, 0, "hl1"),
+		tarNode("abs", tar.TypeSymlink, 0o777, "/etc/passwd"),
+		tarNode("rel", tar.TypeSymlink, 0o777, "../../x"),
+		tarNode("esc", tar.TypeSymlink, 0o777, im.outside),
 		file("empty", 0o644, 0, 0, nil),
 	})
 	l2 := layerTar(t, []member{
-		node("d/.wh.gone", tar.TypeReg, 0o644, ""),
+		tarNode("d/.wh.gone", tar.TypeReg, 0o644, ""),
 		dir("od/", 0o755, 0, 0),
-		node("od/.wh..wh..opq", tar.TypeReg, 0o644, ""),
+		tarNode("od/.wh..wh..opq", tar.TypeReg, 0o644, ""),
 		file("od/new", 0o644, 0, 0, []byte("new\n")),
 		file("etc/newfile", 0o600, 0, 0, []byte("implied parent\n")),
-		node("lowerlink", tar.TypeLink, 0, "d/keep"),
-		node("lowerlink2", tar.TypeLink, 0, "d/keep"),
+		tarNode("lowerlink", tar.TypeLink, 0, "d/keep"),
+		tarNode("lowerlink2", tar.TypeLink, 0, "d/keep"),
 		file("impl/sub/f", 0o644, 0, 0, []byte("deep\n")),
 		dir("esc/", 0o755, 0, 0),
 		file("esc/f", 0o644, 0, 0, []byte("must stay in the layer\n")),
-		node("sym2", tar.TypeSymlink, 0o777, "../../../../../etc/shadow"),
+		tarNode("sym2", tar.TypeSymlink, 0o777, "../../../../../etc/shadow"),
 	})
 	im.layers = [][]byte{l1, l2}
 	oci := t.TempDir()
@@ -726,7 +727,7 @@ func TestRegistryGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	ref, _ := registry.ParseReference(im.ref)
-	if _, err := lazyimage.Resolve(testCtx(t), lazyroot.ImageOptions(lazyroot.ConfigOptions(c, nil)), ref); err != nil {
+	if _, err := lazyimage.Resolve(testCtx(t), lazyroot.ImageOptions(node.LazyRootOptions(c, nil)), ref); err != nil {
 		t.Fatal(err)
 	}
 	im.reg.Stop()

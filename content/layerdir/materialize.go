@@ -18,6 +18,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/content/lazyroot"
 	"github.com/kata-fsx/kata-fsx/content/registry"
 	"github.com/kata-fsx/kata-fsx/content/store"
+	"github.com/kata-fsx/kata-fsx/node"
 )
 
 // Files Materialize keeps in the snapshot directory beside the fs
@@ -274,8 +275,8 @@ func (m *materializer) resolve() error {
 		return fmt.Errorf("kata-fsx configuration %q named by %s: %w (the snapshotter's configuration must stay where it was when the layer was pulled)",
 			r.Config, SidecarName, err)
 	}
-	m.opts = lazyroot.ConfigOptions(cfg, m.logf)
-	if m.opts.StateDir == "" {
+	m.opts = node.LazyRootOptions(cfg, m.logf)
+	if m.opts.StoreDir == "" {
 		return fmt.Errorf("configuration %s sets no kata_fsx.imagefs_blk.state_dir: the node's content store has no place", cfg.Path)
 	}
 	ref, err := registry.ParseReference(r.Ref)

@@ -17,6 +17,8 @@ import (
 	"path/filepath"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/kata-fsx/kata-fsx/atomicfile"
 )
 
 const (
@@ -59,12 +61,7 @@ func WriteRemote(snapDir string, r Remote) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(snapDir, SidecarName+".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("remote layer sidecar: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(snapDir, SidecarName)); err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.WriteFile(filepath.Join(snapDir, SidecarName), b, 0o600); err != nil {
 		return fmt.Errorf("remote layer sidecar: %w", err)
 	}
 	return nil

@@ -13,6 +13,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/kata-fsx/kata-fsx/atomicfile"
 	"github.com/kata-fsx/kata-fsx/content/lazyindex"
 	"github.com/kata-fsx/kata-fsx/nodecache"
 )
@@ -163,26 +164,11 @@ func readBounded(p string, max int64) ([]byte, error) {
 	return b, err
 }
 
-// writeFileAtomic writes b to p through a temporary file renamed into
-// place, so a reader never sees part of it.
+// writeFileAtomic writes b to p (atomicfile), making p's directory if
+// need be.
 func writeFileAtomic(p string, b []byte) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(filepath.Dir(p), ".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), p)
-	}
-	return err
+	return atomicfile.WriteFile(p, b, 0o600)
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -107,13 +106,6 @@ func (ix *Index) MarshalBinary() ([]byte, error) {
 	binary.LittleEndian.PutUint64(h[16:], uint64(len(p)))
 	binary.LittleEndian.PutUint32(h[24:], crc32.Checksum(p, castagnoli))
 	return append(h, p...), nil
-}
-
-// EncodedDigest is the content digest of an encoded index, under which it
-// is stored and referred to as an artifact.
-func EncodedDigest(b []byte) string {
-	s := sha256.Sum256(b)
-	return "sha256:" + hex.EncodeToString(s[:])
 }
 
 func appendString(b []byte, s string) []byte {

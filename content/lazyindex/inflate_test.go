@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/flate"
 	"errors"
+	"hash/crc32"
 	"io"
 	"math/rand/v2"
 	"testing"
@@ -134,4 +135,10 @@ func FuzzInflate(f *testing.F) {
 	f.Fuzz(func(t *testing.T, comp []byte) {
 		checkAgainstFlate(t, comp, 1<<20)
 	})
+}
+
+// newRawStream decodes a bare deflate stream from its start.
+func newRawStream(r io.Reader, span int64) *stream {
+	br := newBitReader(r)
+	return &stream{br: br, f: newInflater(br), raw: true, crc: crc32.NewIEEE(), span: span}
 }

@@ -295,9 +295,3 @@ func newResumeStream(cp *Checkpoint, r io.Reader, isGzip bool) (*stream, error) 
 	}
 	return &stream{br: br, f: f, rd: f.n, crc: crc32.NewIEEE(), raw: !isGzip}, nil
 }
-
-// newRawStream decodes a bare deflate stream from its start.
-func newRawStream(r io.Reader, span int64) *stream {
-	br := newBitReader(r)
-	return &stream{br: br, f: newInflater(br), raw: true, crc: crc32.NewIEEE(), span: span}
-}

@@ -33,21 +33,13 @@ func IsSource(spec string) bool { return strings.HasPrefix(spec, Prefix) }
 // Options configure Open.
 type Options struct {
 	Registry config.Registry
-	// StateDir is the imagefs-blk state directory: the node's content
-	// store is StateDir/content, cached indexes StateDir/indexes.
-	StateDir   string
-	MaxEntries int
+	// IndexDir is the node's cache of lazy indexes and StoreDir its
+	// content store (node.Layout's LazyIndexes and ContentStore; the node
+	// package gives the whole Options from a configuration).
+	IndexDir, StoreDir string
+	MaxEntries         int
 	// Logf receives progress and decisions; nil discards them.
 	Logf func(format string, args ...any)
-}
-
-// ConfigOptions are the Options a kata-fsx configuration gives: its
-// [kata_fsx.registry] table, and the imagefs-blk state directory and
-// entry budget.
-func ConfigOptions(c *config.Config, logf func(format string, args ...any)) Options {
-	b := c.KataFSX.ImagefsBlk
-	entries, _, _, _ := b.Budgets()
-	return Options{Registry: c.KataFSX.Registry, StateDir: b.StateDir, MaxEntries: entries, Logf: logf}
 }
 
 // Root is an opened registry image: Tree to synthesize ext4 from, Opener
@@ -93,7 +85,7 @@ func Open(ctx context.Context, spec string, o Options) (_ *Root, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("source %s: %w", spec, err)
 	}
-	if o.StateDir == "" {
+	if o.StoreDir == "" || o.IndexDir == "" {
 		return nil, fmt.Errorf("source %s: no imagefs-blk state directory for the node's content store", spec)
 	}
 	logf := o.Logf

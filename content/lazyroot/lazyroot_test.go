@@ -18,6 +18,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/content/lazyimage"
 	"github.com/kata-fsx/kata-fsx/content/registry"
 	"github.com/kata-fsx/kata-fsx/test/registrytest"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // testImage pushes a two-layer image (a small layer, and one of large
@@ -59,7 +60,7 @@ func testOptions(t *testing.T, reg *registrytest.Registry, state string, logs *l
 	r := config.DefaultRegistry()
 	r.ConfigPath = reg.HostsDir(t, "")
 	r.TraceSeconds = 3600 // the trace ends with Close here
-	return Options{Registry: r, StateDir: state, Logf: logs.logf}
+	return Options{Registry: r, IndexDir: filepath.Join(state, "indexes"), StoreDir: filepath.Join(state, "content"), Logf: logs.logf}
 }
 
 type logBuffer struct {
@@ -113,13 +114,9 @@ func fetchTrace(ctx context.Context, r *Root) ([]byte, error) {
 // waitLog waits, at most a minute, for a log line containing s.
 func waitLog(t *testing.T, l *logBuffer, s string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !strings.Contains(l.String(), s) && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if !strings.Contains(l.String(), s) {
-		t.Fatalf("no log line with %q:\n%s", s, l.String())
-	}
+	testenv.Eventually(t, time.Minute, func() (bool, error) {
+		return strings.Contains(l.String(), s), fmt.Errorf("no log line with %q:\n%s", s, l.String())
+	})
 }
 
 // TestOpenReadTracePrefetch: with push_trace a node records its pod's
@@ -169,13 +166,10 @@ func TestOpenReadTracePrefetch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r2.Close()
-	deadline := time.Now().Add(time.Minute)
-	for r2.Stats().FetchedBytes < fetched && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if got := r2.Stats().FetchedBytes; got < fetched {
-		t.Fatalf("prefetch fetched %d bytes, want the %d node 1 read:\n%s", got, fetched, logs2.String())
-	}
+	testenv.Eventually(t, time.Minute, func() (bool, error) {
+		got := r2.Stats().FetchedBytes
+		return got >= fetched, fmt.Errorf("prefetch fetched %d bytes, want the %d node 1 read:\n%s", got, fetched, logs2.String())
+	})
 	before := r2.Stats().FetchedBytes
 	if got := readFile(t, r2, "d/big1"); !bytes.Equal(got, files["d/big1"]) {
 		t.Fatal("d/big1 differs on node 2")
@@ -216,7 +210,8 @@ func TestDefaultPushesNoTrace(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var logs logBuffer
-	o := Options{Registry: config.DefaultRegistry(), StateDir: t.TempDir(), Logf: logs.logf}
+	state := t.TempDir()
+	o := Options{Registry: config.DefaultRegistry(), IndexDir: filepath.Join(state, "indexes"), StoreDir: filepath.Join(state, "content"), Logf: logs.logf}
 	o.Registry.ConfigPath = reg.HostsDir(t, "")
 	o.Registry.TraceSeconds = 3600 // the window would end with Close, as for a short-lived container
 	r, err := Open(ctx, spec, o)
@@ -245,7 +240,7 @@ func TestOpenRefusals(t *testing.T) {
 		{"registry:", "want registry:"},
 		{"registry:UPPER/Case", "source registry:UPPER/Case"},
 	} {
-		_, err := Open(ctx, c.spec, Options{Registry: config.DefaultRegistry(), StateDir: t.TempDir()})
+		_, err := Open(ctx, c.spec, Options{Registry: config.DefaultRegistry(), IndexDir: t.TempDir(), StoreDir: t.TempDir()})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("Open(%q): %v, want an error with %q", c.spec, err, c.want)
 		}
@@ -275,10 +270,10 @@ func TestBackgroundFill(t *testing.T) {
 		t.Fatalf("%d bytes fetched before Started", got)
 	}
 	r.Started()
-	deadline := time.Now().Add(time.Minute)
-	for r.Stats().FetchedBytes < r.CompressedSize() && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.Eventually(t, time.Minute, func() (bool, error) {
+		got := r.Stats().FetchedBytes
+		return got >= r.CompressedSize(), fmt.Errorf("fill fetched %d of %d bytes:\n%s", got, r.CompressedSize(), logs.String())
+	})
 	if got := r.Stats().FetchedBytes; got != r.CompressedSize() {
 		t.Fatalf("fill fetched %d of %d bytes:\n%s", got, r.CompressedSize(), logs.String())
 	}

@@ -18,7 +18,8 @@ import (
 // cacheHelperEnv makes the test binary a helper process
 // (TestNodeCacheHelper): "hold DIR SEED" opens a Store on DIR with the
 // layer makeLayer builds from SEED added and keeps it until killed;
-// "prune DIR" prunes NodeCache(DIR) to 0 bytes.
+// "prune DIR" prunes NodeCache(DIR) to 0 bytes, pausing between the
+// unlinks of the first layer it removes.
 const cacheHelperEnv = "STORE_NODECACHE_HELPER"
 
 // nodeLayer is the layer of the tests below for a seed: the same bytes in
@@ -44,6 +45,7 @@ func TestNodeCacheHelper(t *testing.T) {
 		fmt.Println("held")
 		select {}
 	case "prune":
+		betweenUnlinks = func() { helperproc.Pause("content-remove") }
 		r, err := nodecache.Prune(context.Background(), NodeCache(args[1]), 0, nodecache.PruneOptions{})
 		fmt.Println(r.Summary(), err)
 	}
@@ -181,7 +183,7 @@ func TestNodeCachePruneKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	cmd := helperproc.Start(t, "TestNodeCacheHelper", "nodecache: paused at content-remove", cacheHelperEnv+"=prune "+dir, nodecache.TestPauseEnv+"=content-remove")
+	cmd := helperproc.Start(t, "TestNodeCacheHelper", "helperproc: paused at content-remove", cacheHelperEnv+"=prune "+dir)
 	helperproc.Kill(t, cmd)
 	gone(t, base0+".chunks")
 	if _, err := os.Stat(base0 + ".data"); err != nil {

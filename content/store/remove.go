@@ -9,10 +9,13 @@ import (
 	"path/filepath"
 
 	"github.com/opencontainers/go-digest"
-
-	"github.com/kata-fsx/kata-fsx/nodecache"
 	"golang.org/x/sys/unix"
 )
+
+// betweenUnlinks, set by tests only, runs in removeLayer between the
+// unlinks of a layer's chunk map and its data file, where a test kills
+// the process.
+var betweenUnlinks func()
 
 // RemoveLayer deletes the node disk tier's files of the layer blob from
 // dir (a Store's Options.Dir), releasing its space. It takes the locks a
@@ -82,7 +85,9 @@ func removeLayer(ctx context.Context, dir string, blob digest.Digest, unused boo
 		if i == 1 {
 			// A crash here leaves a data file no chunk map claims: dead
 			// bytes, never served, removed by the next removal.
-			nodecache.TestPause("content-remove")
+			if betweenUnlinks != nil {
+				betweenUnlinks()
+			}
 		}
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 func allocated(t *testing.T, p string) int64 {
@@ -126,13 +128,9 @@ func TestOpenDuringRemove(t *testing.T) {
 	added := make(chan error, 1)
 	go func() { added <- s2.AddLayer(l.ix, newFake(l.blob)) }()
 	// Wait until s2 has the files open (s1's two, ours, and s2's).
-	deadline := time.Now().Add(5 * time.Second)
-	for openCount(t, base+".chunks") < 3 {
-		if time.Now().After(deadline) {
-			t.Fatal("the second store never opened the chunk map")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, 5*time.Second, func() (bool, error) {
+		return openCount(t, base+".chunks") >= 3, errors.New("the second store never opened the chunk map")
+	})
 	for _, p := range []string{base + ".chunks", base + ".data"} {
 		if err := os.Remove(p); err != nil {
 			t.Fatal(err)

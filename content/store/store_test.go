@@ -249,13 +249,10 @@ func TestReadTimeout(t *testing.T) {
 	checkRead(t, r, l.tar, 10, 1000) // held: served while the registry hangs
 	req := fk.requests.Load()
 	close(gate)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, err := r.ReadAt(make([]byte, 1000), 500*kib); err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, 5*time.Second, func() (bool, error) {
+		_, err := r.ReadAt(make([]byte, 1000), 500*kib)
+		return err == nil, err
+	})
 	checkRead(t, r, l.tar, 500*kib, 1000)
 	if n := fk.requests.Load(); n != req {
 		t.Fatalf("%d requests after the registry answered, want %d (the late fetch serves later reads)", n, req)
@@ -506,12 +503,10 @@ func TestDiskFull(t *testing.T) {
 	}
 	// Fill returns once its last chunks are handed over, and their run
 	// is written to disk just after: wait for it, bounded.
-	for deadline := time.Now().Add(10 * time.Second); heldChunks() != int(l.ix.NumChunks()) && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := heldChunks(); n != int(l.ix.NumChunks()) {
-		t.Fatalf("after space was freed, %d of %d chunks on disk", n, l.ix.NumChunks())
-	}
+	testenv.Eventually(t, 10*time.Second, func() (bool, error) {
+		n := heldChunks()
+		return n == int(l.ix.NumChunks()), fmt.Errorf("after space was freed, %d of %d chunks on disk", n, l.ix.NumChunks())
+	})
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -900,16 +895,13 @@ func TestLockedByOtherProcess(t *testing.T) {
 	other.Sync()
 	otherMap.WriteAt([]byte{1}, mapHeaderSize+2)
 	unlock()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testenv.Eventually(t, 5*time.Second, func() (bool, error) {
 		_, err := r.ReadAt(make([]byte, 100), start+10)
-		if err == nil {
-			break
+		if err != nil {
+			err = fmt.Errorf("read after the other process's chunk landed: %w", err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("read after the other process's chunk landed: %v", err)
-		}
-	}
+		return err == nil, err
+	})
 	checkRead(t, r, l.tar, start, int(end-start))
 	if st := s.Stats(); fk.requests.Load() != 0 || st.DiskHits == 0 {
 		t.Fatalf("%d requests, stats %+v: want the chunk from disk", fk.requests.Load(), st)

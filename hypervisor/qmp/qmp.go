@@ -131,21 +131,6 @@ type wire struct {
 	ID json.RawMessage `json:"id"`
 }
 
-// Dial connects to the QMP unix socket at path and negotiates capabilities.
-func Dial(ctx context.Context, path string) (*Client, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("qmp: dial %s: %w", path, err)
-	}
-	c, err := NewClient(ctx, conn, Options{})
-	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	return c, nil
-}
-
 // NewClient reads the greeting on conn, sends qmp_capabilities and starts the
 // reader. The client owns conn from then on; on error the caller closes it.
 func NewClient(ctx context.Context, conn net.Conn, opts Options) (*Client, error) {

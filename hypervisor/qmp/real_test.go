@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -35,7 +36,7 @@ func startQEMU(t *testing.T) (*Client, *exec.Cmd) {
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		c, err := Dial(ctx, sock)
+		c, err := dial(ctx, sock)
 		if err == nil {
 			t.Cleanup(func() { c.Close() })
 			return c, cmd
@@ -116,4 +117,19 @@ func TestRealQEMU(t *testing.T) {
 	if !errors.Is(c.Err(), ErrClosed) {
 		t.Errorf("Err() = %v", c.Err())
 	}
+}
+
+// dial connects to the QMP unix socket at path and negotiates capabilities.
+func dial(ctx context.Context, path string) (*Client, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("qmp: dial %s: %w", path, err)
+	}
+	c, err := NewClient(ctx, conn, Options{})
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return c, nil
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 	"github.com/kata-fsx/kata-fsx/hypervisor"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 func TestRunImagefsBlkWorkload(t *testing.T) {
@@ -172,13 +173,10 @@ func TestImagefsBlkSyncedWritesSurviveBackendKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer serve.Process.Kill()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if fi, err := os.Stat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	_ = testenv.Wait(30*time.Second, func() (bool, error) {
+		fi, err := os.Stat(sock)
+		return err == nil && fi.Mode()&os.ModeSocket != 0, nil
+	})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

@@ -47,8 +47,9 @@ const (
 	densityPodHostMiB = 400
 	// densityReserveMiB is left to the rest of the machine.
 	densityReserveMiB = 2048
-	// densityServingMaxKiB is issue 19's bound on the imagefs-blk serving
-	// side's private memory per pod.
+	// densityServingMaxKiB bounds the imagefs-blk serving side's private
+	// memory per pod: past it, the shim's share of a pod's cost is no
+	// longer small beside the guest's.
 	densityServingMaxKiB = 8 << 10
 )
 
@@ -506,7 +507,7 @@ func checkReady(t *testing.T, pods []*densityPod, want string) {
 	}
 }
 
-// TestDensityImagefsBlk20: issue 19's must-show. Twenty pods of one image
+// TestDensityImagefsBlk20: the density claim. Twenty pods of one image
 // started at once on imagefs-blk; once all of them run, each pod's
 // serving side (the shim, which serves the pod's vhost-user-blk disk in
 // process) holds at most 8 MiB of private memory, the synthesized

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // The fault suite: pods whose shim, QEMU, virtiofsd or containerd is
@@ -157,11 +159,10 @@ func TestFaultLoop(t *testing.T) {
 			// the restarted 1.6 keeps the shim, which exits on its own
 			// after its orphan grace (30 s), and containerd then runs
 			// its `delete` and removes the bundle.
-			deadline := time.Now().Add(75 * time.Second)
-			for len(left) > 0 && time.Now().Before(deadline) {
-				time.Sleep(time.Second)
+			_ = testenv.Wait(75*time.Second, func() (bool, error) {
 				left = ce.podLeftovers(id)
-			}
+				return len(left) == 0, nil
+			})
 		}
 		if len(left) > 0 {
 			leftovers += len(left)
@@ -521,8 +522,7 @@ func (ce *containerdEnv) podLeftovers(id string) []string {
 	sandboxDir := filepath.Join(ce.stateDir, id)
 	bundle := filepath.Join(ce.dir, "state", "io.containerd.runtime.v2.task", "test", id)
 	var left []string
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	_ = testenv.Wait(30*time.Second, func() (bool, error) {
 		left = nil
 		for _, p := range processesMentioning(sandboxDir) {
 			left = append(left, "process "+describeProcess(p))
@@ -538,11 +538,8 @@ func (ce *containerdEnv) podLeftovers(id string) []string {
 				left = append(left, "directory "+dir)
 			}
 		}
-		if len(left) == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return len(left) == 0, nil
+	})
 	for s := range socketsIn(ce.sockDir) {
 		left = append(left, "shim socket "+s)
 	}

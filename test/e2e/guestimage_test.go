@@ -26,7 +26,7 @@ func guestImageKit(t *testing.T) string {
 }
 
 // TestRunBootsGuestImage boots pods as Kata boots its guest: `image =`
-// (build/guest/kata-containers.img, the test agent as /sbin/init), no
+// (build/guest/kata-containers.img, the agent as /sbin/init), no
 // initrd, the kernel with every driver built in; on both rootfs backends,
 // with the image on an nvdimm (DAX) and on a virtio-blk disk
 // (disable_image_nvdimm). The container proves the guest booted from the

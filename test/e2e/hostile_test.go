@@ -126,8 +126,9 @@ func hostileLog(log string) (attempts map[string]int, breaches []string) {
 	return attempts, breaches
 }
 
-// TestHostileGuest boots pods whose guest agent is compromised (the test
-// agent's hostile mode) on both share backends (and on imagefs-blk, whose
+// TestHostileGuest boots pods whose guest agent is compromised (the hostile
+// mode of test/guest/hostileagent, the agent make guest puts in the kit)
+// on both share backends (and on imagefs-blk, whose
 // share carries only the volumes): as root in the guest, with
 // the share mounted, it plants symlinks to a host canary in place of every
 // directory the shim touches, renames and removes them, races the shim

@@ -222,7 +222,7 @@ func TestSandboxHotplugRollback(t *testing.T) {
 		return out
 	}
 
-	// The test agent refuses a terminal larger than a winsize holds (the
+	// The agent refuses a terminal larger than a winsize holds (the
 	// shim refuses it earlier; the sandbox passes it on), after the disk is plugged.
 	bad := spec("/bin/true")
 	bad.Process.Terminal = true
@@ -264,12 +264,12 @@ func TestSandboxHotplugRollback(t *testing.T) {
 	if err := sb.CreateContainer(ctx, sandbox.ContainerSpec{ID: good, Rootfs: rootfs, OCI: spec("/bin/sh", "-c", script)}); err != nil {
 		t.Fatal(err)
 	}
-	a := sb.Agent()
-	if err := a.StartContainer(ctx, good); err != nil {
+	g := sb.Guest()
+	if err := g.StartContainer(ctx, good); err != nil {
 		t.Fatal(err)
 	}
-	out, _ := io.ReadAll(a.StreamReader(ctx, good, good, false))
-	if st, err := a.WaitProcess(ctx, good, good); err != nil || st != 0 {
+	out, _ := io.ReadAll(g.Output(ctx, good, good, false))
+	if st, err := g.Wait(ctx, good, good); err != nil || st != 0 {
 		t.Fatalf("good container: status %d %v\n%s", st, err, out)
 	}
 	t.Logf("good container:\n%s", out)

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 func syscallKill(pid int) { _ = syscall.Kill(pid, syscall.SIGKILL) }
@@ -45,9 +47,8 @@ func TestShimSIGTERMWithContainerdGone(t *testing.T) {
 			if err := syscall.Kill(shimPid, syscall.SIGTERM); err != nil {
 				t.Fatal(err)
 			}
-			deadline := time.Now().Add(10 * time.Second)
 			var left []string
-			for {
+			_ = testenv.Wait(10*time.Second, func() (bool, error) {
 				left = nil
 				if pids := processesMentioning(sandboxDir); len(pids) > 0 {
 					left = append(left, fmt.Sprintf("processes %v", pids))
@@ -63,11 +64,8 @@ func TestShimSIGTERMWithContainerdGone(t *testing.T) {
 				if _, err := os.Stat(sandboxDir); err == nil {
 					left = append(left, "sandbox directory "+sandboxDir)
 				}
-				if len(left) == 0 || time.Now().After(deadline) {
-					break
-				}
-				time.Sleep(200 * time.Millisecond)
-			}
+				return len(left) == 0, nil
+			})
 			if len(left) > 0 {
 				t.Fatalf("10 s after SIGTERM to the shim of a dead containerd, left: %s\ncontainerd log:\n%s", strings.Join(left, "\n"), ce.logTail(6000))
 			}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +22,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/anypb"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // limitBackends are the backends the limits tests run on: the limits live
@@ -60,19 +63,14 @@ func (ce *containerdEnv) watchEvents(t *testing.T) *eventWatch {
 
 // waitFor waits until a line of the stream has topic and mentions id.
 func (w *eventWatch) waitFor(topic, id string, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		w.mu.Lock()
-		s := w.out.String()
-		w.mu.Unlock()
-		for _, l := range strings.Split(s, "\n") {
+	return testenv.Wait(timeout, func() (bool, error) {
+		for _, l := range strings.Split(w.String(), "\n") {
 			if strings.Contains(l, " "+topic+" ") && strings.Contains(l, `"`+id+`"`) {
-				return true
+				return true, nil
 			}
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return false
+		return false, nil
+	}) == nil
 }
 
 func (w *eventWatch) String() string {
@@ -351,11 +349,11 @@ func TestLimitsStatsPauseUpdate(t *testing.T) {
 			if st := ce.waitTaskStatus(ctx, id, "RUNNING"); st != "RUNNING" {
 				t.Fatalf("task %s is %q, want RUNNING", id, st)
 			}
-			time.Sleep(time.Second)
-			m := ce.metrics(ctx, t, id)
-			if m.CPU.UsageUsec == 0 || m.Memory.Usage == 0 || m.Pids.Current == 0 {
-				t.Fatalf("metrics show no CPU, memory or pids: %+v", m)
-			}
+			var m taskMetrics
+			testenv.Eventually(t, 10*time.Second, func() (bool, error) {
+				m = ce.metrics(ctx, t, id)
+				return m.CPU.UsageUsec != 0 && m.Memory.Usage != 0 && m.Pids.Current != 0, fmt.Errorf("metrics show no CPU, memory or pids: %+v", m)
+			})
 			t.Logf("metrics: cpu %d usec, memory %d of %d bytes, %d pids", m.CPU.UsageUsec, m.Memory.Usage, m.Memory.UsageLimit, m.Pids.Current)
 			if m.Memory.UsageLimit != limit {
 				t.Errorf("memory.usage_limit = %d, want the --memory-limit %d", m.Memory.UsageLimit, limit)
@@ -381,12 +379,12 @@ func TestLimitsStatsPauseUpdate(t *testing.T) {
 				t.Fatalf("task %s is %q after resume, want RUNNING", id, st)
 			}
 			before := ce.ticks(ctx, t, id, "t1")
-			time.Sleep(2 * time.Second)
-			after := ce.ticks(ctx, t, id, "t2")
-			t.Logf("resumed: %d ticks, 2 s later %d", before, after)
-			if after <= before {
-				t.Errorf("the process did not go on after resume: %d ticks, then %d", before, after)
-			}
+			n := 1
+			testenv.Eventually(t, 10*time.Second, func() (bool, error) {
+				n++
+				after := ce.ticks(ctx, t, id, fmt.Sprintf("t%d", n))
+				return after > before, fmt.Errorf("the process did not go on after resume: %d ticks, then %d", before, after)
+			})
 			if m2 := ce.metrics(ctx, t, id); m2.CPU.UsageUsec <= frozen {
 				t.Errorf("CPU time did not go on after resume: %d -> %d usec", frozen, m2.CPU.UsageUsec)
 			}

@@ -38,9 +38,7 @@ func netTool(t *testing.T, args ...string) string {
 // namespace, as a CNI plugin would wire a pod, and removes both at the end.
 func peeredNetNS(t *testing.T, prefix string) (pod, peer string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces")
-	}
+	testenv.Root(t, "network namespaces")
 	id := fmt.Sprintf("kfsx-e2e-%d", os.Getpid())
 	pod, peer = id+"-pod", id+"-peer"
 	t.Cleanup(func() {
@@ -388,9 +386,7 @@ type cniPod struct {
 // are the files the CRI made. After the pods, their namespaces are gone,
 // the bridge has no port and the IPAM no address, and no tap is left.
 func TestNetworkCRIWithCNI(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for CNI")
-	}
+	testenv.Root(t, "CNI")
 	crictl(t)
 	const subnet, gw = "10.254.61.0/24", "10.254.61.1"
 	c := newCRIEnv(t)

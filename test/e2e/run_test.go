@@ -63,16 +63,15 @@ func TestRunCacheModeReachesVirtiofsd(t *testing.T) {
 		done <- e.run(ctx, "run", "--backend", "virtio-fs", "--rootfs", rootfs, "--", "/bin/sh", "-c", "touch /tmp/started 2>/dev/null || echo x > /tmp/started; sleep 3; echo ok")
 	}()
 	var cmdline string
-	deadline := time.Now().Add(2 * time.Minute)
-	for cmdline == "" && time.Now().Before(deadline) {
+	_ = testenv.Wait(2*time.Minute, func() (bool, error) {
 		for _, pid := range processesMentioning(e.dir) {
 			b, _ := os.ReadFile(filepath.Join("/proc", itoa(pid), "cmdline"))
 			if strings.Contains(string(b), "virtiofsd") {
 				cmdline = strings.ReplaceAll(string(b), "\x00", " ")
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return cmdline != "", nil
+	})
 	r := <-done
 	if r.code != 0 || !strings.Contains(r.stdout, "ok") {
 		t.Fatalf("exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
@@ -92,13 +91,10 @@ func TestRunVirtiofsdKilledFailsThePod(t *testing.T) {
 		done <- e.run(ctx, "run", "--backend", "virtio-fs", "--rootfs", rootfs, "--", "/bin/sh", "-c", "echo up > /tmp/up; sleep 600")
 	}()
 	// Wait until the process runs (its file appears through the share), then kill the daemon.
-	deadline := time.Now().Add(2 * time.Minute)
-	for time.Now().Before(deadline) {
-		if _, err := os.Stat(filepath.Join(rootfs, "tmp", "up")); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	_ = testenv.Wait(2*time.Minute, func() (bool, error) {
+		_, err := os.Stat(filepath.Join(rootfs, "tmp", "up"))
+		return err == nil, nil
+	})
 	killed := false
 	for _, pid := range processesMentioning(e.dir) {
 		b, _ := os.ReadFile(filepath.Join("/proc", itoa(pid), "cmdline"))
@@ -219,10 +215,9 @@ func TestRunKeepThenExec(t *testing.T) {
 			cmd.Process.Kill()
 		}
 	})
-	deadline := time.Now().Add(3 * time.Minute)
-	for !strings.Contains(errb.String(), "exec into it") && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Millisecond)
-	}
+	_ = testenv.Wait(3*time.Minute, func() (bool, error) {
+		return strings.Contains(errb.String(), "exec into it"), nil
+	})
 	if !strings.Contains(errb.String(), "exited with status 4") {
 		t.Fatalf("run --keep did not report the command's status:\n%s", errb.String())
 	}
@@ -247,9 +242,9 @@ func TestRunKeepThenExec(t *testing.T) {
 	if err := sc.Start(); err != nil {
 		t.Fatal(err)
 	}
-	for !strings.Contains(sout.String(), "started") && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Millisecond)
-	}
+	_ = testenv.Wait(3*time.Minute, func() (bool, error) {
+		return strings.Contains(sout.String(), "started"), nil
+	})
 	sc.Process.Signal(syscall.SIGTERM)
 	if err := sc.Wait(); err == nil {
 		t.Fatalf("exec of sleep 300 ended well after SIGTERM: stdout %q stderr %s", sout.String(), serr.String())

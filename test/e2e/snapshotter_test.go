@@ -19,6 +19,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/kata-fsx/kata-fsx/test/registrytest"
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 // snapshotterProc is a running `kata-fsx snapshotter`.
@@ -110,7 +111,7 @@ func allocated(t *testing.T, dir string) int64 {
 	return n
 }
 
-// TestSnapshotterCRI is issue 18's pull: a private containerd with the
+// TestSnapshotterCRI is the lazy CRI pull: a private containerd with the
 // kata-fsx proxy snapshotter as the snapshotter of the kata-fsx and runc
 // runtime handlers. A CRI pull of a 68 MB image from a loopback registry
 // returns having fetched a small fraction of it; a kata-fsx pod on
@@ -430,14 +431,10 @@ func TestSnapshotterCRI(t *testing.T) {
 	if out, err := c.crictlRun(ctx, t, "rmi", ref); err != nil {
 		t.Fatalf("crictl rmi: %v\n%s", err, out)
 	}
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		if _, err := os.Stat(layerData); os.IsNotExist(err) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s still there a minute after crictl rmi:\n%s", layerData, snap.logText())
-		}
-	}
+	testenv.Eventually(t, time.Minute, func() (bool, error) {
+		_, err := os.Stat(layerData)
+		return os.IsNotExist(err), fmt.Errorf("%s still there after crictl rmi:\n%s", layerData, snap.logText())
+	})
 	if !strings.Contains(snap.logText(), "the last snapshot of layer "+img.layer.String()+": its store files released") {
 		t.Errorf("the snapshotter did not log releasing the big layer's store files:\n%s", snap.logText())
 	}

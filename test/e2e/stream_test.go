@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 const streamBytes = 100 << 20
@@ -171,10 +173,9 @@ func TestShimAgentKilledMidStream(t *testing.T) {
 	}
 	// The shim reports the task's exit as soon as it sees it and logs the
 	// VM's death when its watcher has read the console: wait a little.
-	seen := false
-	for deadline := time.Now().Add(15 * time.Second); !seen && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		seen = strings.Contains(ce.logTail(1<<22), "guest kernel panic: Attempted to kill init")
-	}
+	seen := testenv.Wait(15*time.Second, func() (bool, error) {
+		return strings.Contains(ce.logTail(1<<22), "guest kernel panic: Attempted to kill init"), nil
+	}) == nil
 	if !seen {
 		t.Errorf("the shim's log does not show why the pod died (the guest console's panic)")
 	}

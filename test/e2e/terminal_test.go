@@ -179,7 +179,7 @@ func TestShimContainerdTerminal(t *testing.T) {
 }
 
 // TestShimContainerdTerminalGuestImage is TestShimContainerdTerminal on
-// Kata's guest image (the test agent as the image's /sbin/init, the kernel
+// Kata's guest image (the agent as the image's /sbin/init, the kernel
 // with its drivers built in), with the image's configured backend.
 func TestShimContainerdTerminalGuestImage(t *testing.T) {
 	kit := guestImageKit(t)

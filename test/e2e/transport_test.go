@@ -54,7 +54,7 @@ const guestChannels = `echo ports=$(ls /sys/class/virtio-ports | wc -l); ls /sys
 // sandbox logs is the one `kata-fsx env` reports for the same file, and
 // the guest has a vsock device and no virtio-serial port. On a host
 // without /dev/vhost-vsock both settings resolve to hybrid vsock. The
-// virtio-serial fallback (for the test agent) is booted once as well.
+// virtio-serial fallback (for kata-fsx's own agent) is booted once as well.
 func TestRunAgentTransportAsEnvSays(t *testing.T) {
 	rootfs := busyboxRootfs(t)
 	for _, setting := range []string{"auto", "vsock", "virtio-serial"} {

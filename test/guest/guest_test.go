@@ -36,7 +36,8 @@ var (
 )
 
 // guestKit returns the kit directory: $KATA_FSX_GUEST_DIR, or build/guest of
-// this repository built once by build.sh (which skips unchanged inputs).
+// this repository built once by make guest (guest/initrd/build.sh, which
+// skips unchanged inputs, with the agent the other tests boot too).
 func guestKit(t testing.TB) string {
 	t.Helper()
 	kitOnce.Do(func() {
@@ -49,17 +50,17 @@ func guestKit(t testing.TB) string {
 				return
 			}
 			kitDir = filepath.Join(root, "build", "guest")
-			for _, tool := range [][2]string{{"apt-get", "apt"}, {"dpkg-deb", "dpkg"}, {"depmod", "kmod"}, {"cpio", "cpio"}, {"xz", "xz-utils"}} {
+			for _, tool := range [][2]string{{"make", "make"}, {"apt-get", "apt"}, {"dpkg-deb", "dpkg"}, {"depmod", "kmod"}, {"cpio", "cpio"}, {"xz", "xz-utils"}} {
 				if _, err := exec.LookPath(tool[0]); err != nil {
 					kitSkip = fmt.Sprintf("guest kit not built and %s is missing to build it (apt-get install %s)", tool[0], tool[1])
 					return
 				}
 			}
-			cmd := exec.Command("./build.sh", kitDir)
+			cmd := exec.Command("make", "-C", root, "guest", "GUESTDIR="+kitDir)
 			var out bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &out
 			if err := cmd.Run(); err != nil {
-				kitErr = fmt.Errorf("build.sh %s: %w\n%s", kitDir, err, out.String())
+				kitErr = fmt.Errorf("make guest GUESTDIR=%s: %w\n%s", kitDir, err, out.String())
 				return
 			}
 		}

@@ -7,6 +7,7 @@ package helperproc
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -68,4 +69,12 @@ func Kill(t testing.TB, cmd *exec.Cmd) {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
+}
+
+// Pause prints "helperproc: paused at STEP" and blocks forever: a helper
+// calls it, through a hook its package's tests set, at the step where its
+// test kills it to show that a crash there leaves nothing torn.
+func Pause(step string) {
+	fmt.Fprintf(os.Stderr, "helperproc: paused at %s\n", step)
+	select {}
 }

@@ -1,7 +1,8 @@
 // Package testenv decides what a test does when something it needs from
 // the host (a tool, root, a guest kernel) is missing: on a developer's
 // machine it skips, under the CI switch it fails, so a CI run whose
-// packages did not install cannot pass by skipping.
+// packages did not install cannot pass by skipping. Eventually is how a
+// test waits for a state: polled with a deadline, never a fixed sleep.
 package testenv
 
 import (

@@ -51,7 +51,7 @@ func TestBlobsInUse(t *testing.T) {
 	cache := t.TempDir()
 	a, b := writeBlob(t, cache, 1), writeBlob(t, cache, 2)
 	hex := func(s index.Source) string { return s.ID[7:] }
-	c := index.BlobCache(cache)
+	c := BlobCache(cache)
 	op := Opener{CacheDir: cache}
 	r, err := op.Open(a, "")
 	if err != nil {

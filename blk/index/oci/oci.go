@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kata-fsx/kata-fsx/atomicfile"
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/blk/index/hostfs"
 	"github.com/kata-fsx/kata-fsx/blk/index/overlayfs"
@@ -634,41 +635,32 @@ func materialize(ctx context.Context, files imageFiles, l layerRef, dst string, 
 		return fmt.Errorf("blob cache: %w", err)
 	}
 	sweepStaleTemps(filepath.Dir(dst), time.Now().Add(-staleTempAge))
-	f, err := os.CreateTemp(filepath.Dir(dst), ".tmp-*")
-	if err != nil {
-		return fmt.Errorf("blob cache: %w", err)
-	}
-	defer os.Remove(f.Name())
-	defer f.Close()
-	uh := sha256.New()
-	// The context is checked on the inflated side too: at 1000:1 one read
-	// of compressed input can inflate to gigabytes.
-	n, err := io.Copy(io.MultiWriter(f, uh), io.LimitReader(ctxReader{ctx, dec}, maxSize+1))
-	if err != nil {
-		return fmt.Errorf("decompress: %w", err)
-	}
-	if n > maxSize {
-		return index.Invalidf("layer inflates to more than its inflated-bytes budget of %d bytes (index.Options.MaxBlobSize)", maxSize)
-	}
-	// Hash what the decompressor left unread (trailing padding) too.
-	if _, err := io.Copy(io.Discard, br); err != nil {
-		return fmt.Errorf("read layer: %w", err)
-	}
-	if l.digest != "" {
-		if got := "sha256:" + hex.EncodeToString(zh.Sum(nil)); got != l.digest {
-			return index.Invalidf("layer blob %s changed while it was read: digest %s, want %s", l.file, got, l.digest)
+	err = atomicfile.Write(dst, 0o600, func(f io.Writer) error {
+		uh := sha256.New()
+		// The context is checked on the inflated side too: at 1000:1 one
+		// read of compressed input can inflate to gigabytes.
+		n, err := io.Copy(io.MultiWriter(f, uh), io.LimitReader(ctxReader{ctx, dec}, maxSize+1))
+		if err != nil {
+			return fmt.Errorf("decompress: %w", err)
 		}
-	}
-	if got := "sha256:" + hex.EncodeToString(uh.Sum(nil)); got != l.diffID {
-		return index.Invalidf("uncompressed layer digest %s does not match diffID %s", got, l.diffID)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("blob cache: %w", err)
-	}
-	if err := os.Rename(f.Name(), dst); err != nil {
-		return fmt.Errorf("blob cache: %w", err)
-	}
-	return nil
+		if n > maxSize {
+			return index.Invalidf("layer inflates to more than its inflated-bytes budget of %d bytes (index.Options.MaxBlobSize)", maxSize)
+		}
+		// Hash what the decompressor left unread (trailing padding) too.
+		if _, err := io.Copy(io.Discard, br); err != nil {
+			return fmt.Errorf("read layer: %w", err)
+		}
+		if l.digest != "" {
+			if got := "sha256:" + hex.EncodeToString(zh.Sum(nil)); got != l.digest {
+				return index.Invalidf("layer blob %s changed while it was read: digest %s, want %s", l.file, got, l.digest)
+			}
+		}
+		if got := "sha256:" + hex.EncodeToString(uh.Sum(nil)); got != l.diffID {
+			return index.Invalidf("uncompressed layer digest %s does not match diffID %s", got, l.diffID)
+		}
+		return nil
+	})
+	return err // atomicfile's own errors name the cache file
 }
 
 // sweepStaleTemps removes the temp files of builds killed before they could

@@ -5,9 +5,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
+	"github.com/kata-fsx/kata-fsx/atomicfile"
 	"github.com/kata-fsx/kata-fsx/blk/index"
 	"github.com/kata-fsx/kata-fsx/nodecache"
 )
@@ -25,9 +27,12 @@ type Cache struct {
 	Dir string // Options.CacheDir
 }
 
+// IndexDir is the directory of a cache directory's per-layer indexes.
+func IndexDir(cacheDir string) string { return filepath.Join(cacheDir, "index") }
+
 func (c Cache) path(key string) string {
 	sum := sha256.Sum256([]byte(cacheVersion + "\x00" + key))
-	return filepath.Join(c.Dir, "index", hex.EncodeToString(sum[:])+".idx")
+	return filepath.Join(IndexDir(c.Dir), hex.EncodeToString(sum[:])+".idx")
 }
 
 // Load returns the cached per-layer index for key with the single source
@@ -50,8 +55,11 @@ func (c Cache) Load(key string, want index.Source) *index.Index {
 	return ix
 }
 
-// Store writes a per-layer index for key atomically (temp file, then
-// rename).
+// beforeRename, set by tests only, runs in Store once the index is in its
+// temporary file, where a test kills the process.
+var beforeRename func()
+
+// Store writes a per-layer index for key (atomicfile).
 func (c Cache) Store(key string, ix *index.Index) error {
 	if c.Dir == "" {
 		return nil
@@ -60,25 +68,19 @@ func (c Cache) Store(key string, ix *index.Index) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return fmt.Errorf("index cache: %w", err)
 	}
-	f, err := os.CreateTemp(filepath.Dir(p), ".tmp-*")
+	err := atomicfile.Write(p, 0o600, func(w io.Writer) error {
+		bw := bufio.NewWriterSize(w, 1<<16)
+		err := index.EncodeLayer(bw, ix)
+		if err == nil {
+			err = bw.Flush()
+		}
+		if err == nil && beforeRename != nil {
+			beforeRename() // a crash here leaves a temporary file, never an entry
+		}
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("index cache: %w", err)
-	}
-	defer os.Remove(f.Name())
-	bw := bufio.NewWriterSize(f, 1<<16)
-	err = index.EncodeLayer(bw, ix)
-	if err == nil {
-		err = bw.Flush()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		nodecache.TestPause("index-store") // a crash here leaves a temporary file, never an entry
-		err = os.Rename(f.Name(), p)
-	}
-	if err != nil {
-		return fmt.Errorf("index cache %s: %w", p, err)
 	}
 	return nil
 }

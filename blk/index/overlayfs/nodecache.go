@@ -1,8 +1,6 @@
 package overlayfs
 
 import (
-	"path/filepath"
-
 	"github.com/kata-fsx/kata-fsx/nodecache"
 )
 
@@ -12,6 +10,6 @@ import (
 // beyond that read and no lock guards it (Cache.Store renames a whole
 // file into place); removing one costs a walk of its layer next time.
 func NodeCache(cacheDir string) nodecache.Cache {
-	return &nodecache.Dir{CacheName: "indexes", Path: filepath.Join(cacheDir, "index"), Suffix: ".idx",
+	return &nodecache.Dir{CacheName: "indexes", Path: IndexDir(cacheDir), Suffix: ".idx",
 		Note: func(string) string { return "per-layer index" }}
 }

@@ -19,8 +19,9 @@ import (
 )
 
 // cacheHelperEnv makes the test binary a helper (TestIndexCacheHelper):
-// "prune CACHEDIR" prunes NodeCache(CACHEDIR) to 0; "store CACHEDIR
-// LAYERDIR" indexes LAYERDIR and stores it under the key "k-new".
+// "prune CACHEDIR" prunes NodeCache(CACHEDIR) to 0, pausing after its
+// first removal; "store CACHEDIR LAYERDIR" indexes LAYERDIR and stores it
+// under the key "k-new", pausing before the rename.
 const cacheHelperEnv = "OVERLAYFS_CACHE_HELPER"
 
 // TestIndexCacheHelper is not a test: it is the helper process of the
@@ -32,9 +33,11 @@ func TestIndexCacheHelper(t *testing.T) {
 	}
 	switch args[0] {
 	case "prune":
-		r, err := nodecache.Prune(context.Background(), NodeCache(args[1]), 0, nodecache.PruneOptions{})
+		c := &pauseAfterRemove{Cache: NodeCache(args[1]), step: "prune"}
+		r, err := nodecache.Prune(context.Background(), c, 0, nodecache.PruneOptions{})
 		fmt.Println(r.Summary(), err)
 	case "store":
+		beforeRename = func() { helperproc.Pause("index-store") }
 		ix, err := hostfs.FromDir(context.Background(), args[2], index.Options{})
 		if err == nil {
 			err = Cache{Dir: args[1]}.Store("k-new", ix)
@@ -43,11 +46,26 @@ func TestIndexCacheHelper(t *testing.T) {
 	}
 }
 
-// runKilled runs the helper doing what with the test pause at step and
-// kills it (SIGKILL) once it is there.
+// pauseAfterRemove is a nodecache.Cache whose first removal pauses the
+// helper process (helperproc.Pause) once it is done.
+type pauseAfterRemove struct {
+	nodecache.Cache
+	step string
+}
+
+func (p *pauseAfterRemove) Remove(ctx context.Context, key string) error {
+	err := p.Cache.Remove(ctx, key)
+	if err == nil {
+		helperproc.Pause(p.step)
+	}
+	return err
+}
+
+// runKilled runs the helper doing what, which pauses at step, and kills
+// it (SIGKILL) once it is there.
 func runKilled(t *testing.T, what, step string) {
 	t.Helper()
-	cmd := helperproc.Start(t, "TestIndexCacheHelper", "paused at "+step, cacheHelperEnv+"="+what, nodecache.TestPauseEnv+"="+step)
+	cmd := helperproc.Start(t, "TestIndexCacheHelper", "helperproc: paused at "+step, cacheHelperEnv+"="+what)
 	helperproc.Kill(t, cmd)
 }
 

@@ -18,7 +18,7 @@ import (
 // (see expandZeros): a tar is mostly zeros (512-byte headers, padding, a
 // 1 KiB trailer), and fed raw, the fuzzing engine spent its whole time
 // minimizing multi-kilobyte inputs, which costs it quadratic time in their
-// size, and made about one execution per second (issue 16, item 9). An
+// size, and made about one execution per second. An
 // execution takes microseconds; nothing a layer drives here was slow. Every
 // tar can still be written this way, so no input is out of reach.
 func FuzzLayerTar(f *testing.F) {

@@ -513,7 +513,7 @@ func markdown(res map[string]any, results []*backendResult, o options, goBench s
 			fmt.Fprintf(&b, "- **%s failed**: %s\n", r.Name, truncate(strings.ReplaceAll(r.Error, "\n", " "), 400))
 		}
 	}
-	fmt.Fprintf(&b, "Raw request rate, no guest (`go test -run '^$' -bench BenchmarkRead4K ./blk/vhostuser/`: "+
+	fmt.Fprintf(&b, "Raw request rate, no guest (`go test -run '^$' -bench BenchmarkRead4K ./blk/vhostblk/`: "+
 		"the package's test frontend, a real vhost-user frontend over the unix socket with memfd memory, drives one queue with 4 KiB reads "+
 		"in batches of 32 over the same 64 MiB raw file, through the host page cache, first against our server, then against "+
 		"qemu-storage-daemon's vhost-user-blk export): %s.\n\n", goBench)
@@ -544,7 +544,7 @@ func trimUnit(s string) string {
 
 // runGoBench runs the vhost-user server's in-process benchmark and returns its reads/s figure.
 func runGoBench(ctx context.Context) string {
-	cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", "BenchmarkRead4K", "./blk/vhostuser/")
+	cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", "BenchmarkRead4K", "./blk/vhostblk/")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Sprintf("failed: %v: %s", err, truncate(strings.TrimSpace(string(out)), 400))

@@ -30,7 +30,7 @@ type report struct {
 	Targets     []target          `json:"targets"`
 }
 
-// target is one of issue 17's goals with the ratio this run measured.
+// target is one of the cold start's goals with the ratio this run measured.
 type target struct {
 	Goal    string  `json:"goal"`
 	Value   float64 `json:"value,omitempty"`
@@ -208,7 +208,7 @@ func (rep *report) markdown() string {
 			r.Image, r.Link, r.Mode, r.FirstOutputSeconds, vs, r.ReadDoneSeconds, pull, r.RunReadySeconds,
 			mib(int64(r.RxAtFirstOutput)), 100*r.FractionAtFirstOutput, mib(int64(r.RxTotal)), own)
 	}
-	b.WriteString("\nTargets (issue 17):\n\n")
+	b.WriteString("\nTargets:\n\n")
 	for _, t := range rep.Targets {
 		fmt.Fprintf(&b, "- %s: **%s** (%s)\n", t.Goal, t.Verdict, t.Detail)
 	}

@@ -1,7 +1,7 @@
-// Package density is the result of the density benchmark (issue 19, item
-// 5): N pods of one image started at once on a backend, what each pod's
-// host processes hold in memory, and when the last pod's process printed
-// its first line. test/e2e's TestDensityBench measures and writes it;
+// Package density is the result of the density benchmark: N pods of one
+// image started at once on a backend, what each pod's host processes hold
+// in memory, and when the last pod's process printed its first line.
+// test/e2e's TestDensityBench measures and writes it;
 // test/bench/densitybench renders it into docs/benchmarks.md.
 package density
 

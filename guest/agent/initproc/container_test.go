@@ -1,0 +1,93 @@
+package initproc
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestLookPath(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "tool"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "data"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"PATH=/nonexistent:" + dir}
+	if p, err := LookPath("tool", env); err != nil || p != filepath.Join(dir, "tool") {
+		t.Errorf("lookPath(tool) = %q, %v", p, err)
+	}
+	for _, cmd := range []string{"data", "missing", filepath.Join(dir, "missing")} {
+		_, err := LookPath(cmd, env)
+		if err == nil || !strings.Contains(err.Error(), cmd) {
+			t.Errorf("lookPath(%q): want an error naming it, got %v", cmd, err)
+		}
+	}
+	if _, err := LookPath("missing", env); !errors.Is(err, exec.ErrNotFound) {
+		t.Errorf("missing command: want exec.ErrNotFound, got %v", err)
+	}
+}
+
+func TestMkdirNoSymlinks(t *testing.T) {
+	root := t.TempDir()
+	outside := t.TempDir()
+	if err := os.Symlink(outside, filepath.Join(root, "escape")); err != nil {
+		t.Fatal(err)
+	}
+	if err := mkdirNoSymlinks(root, filepath.Join(root, "escape", "proc")); err == nil {
+		t.Error("created a mount point through a symlink")
+	}
+	if _, err := os.Stat(filepath.Join(outside, "proc")); err == nil {
+		t.Error("directory created outside the rootfs")
+	}
+	if err := mkdirNoSymlinks(root, filepath.Join(root, "dev", "pts")); err != nil {
+		t.Error(err)
+	}
+	if err := mkdirNoSymlinks(root, filepath.Join(root, "..", "x")); err == nil {
+		t.Error("accepted a destination outside the rootfs")
+	}
+}
+
+func TestMountInRootfsRejectsRelative(t *testing.T) {
+	if err := mountInRootfs(t.TempDir(), Mount{Destination: "proc", Type: "proc"}); err == nil {
+		t.Error("accepted a relative destination")
+	}
+}
+
+func TestApplySysctls(t *testing.T) {
+	dir := t.TempDir()
+	for _, p := range []string{"kernel/shm_rmid_forced", "fs/mqueue/msg_max", "net/ipv4/conf/eth0.100/rp_filter"} {
+		if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, p), []byte("0\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := applySysctls(dir, map[string]string{
+		"kernel.shm_rmid_forced":           "1",
+		"fs.mqueue.msg_max":                "100",
+		"net/ipv4/conf/eth0.100/rp_filter": "2",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]string{"kernel/shm_rmid_forced": "1", "fs/mqueue/msg_max": "100", "net/ipv4/conf/eth0.100/rp_filter": "2"} {
+		got, err := os.ReadFile(filepath.Join(dir, p))
+		if err != nil || string(got) != want {
+			t.Errorf("%s = %q, %v; want %q", p, got, err, want)
+		}
+	}
+	for _, bad := range []string{"..", "kernel..x", "../etc/passwd", "net/../../x", "", "a/b/"} {
+		if err := applySysctls(dir, map[string]string{bad: "1"}); err == nil {
+			t.Errorf("sysctl %q: accepted", bad)
+		}
+	}
+	if err := applySysctls(dir, map[string]string{"kernel.no_such": "1"}); err == nil || !strings.Contains(err.Error(), "kernel.no_such") {
+		t.Errorf("a sysctl the kernel lacks: %v, want an error naming it", err)
+	}
+}
