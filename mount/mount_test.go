@@ -3,6 +3,7 @@ package mount
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -25,10 +26,43 @@ func TestParseOptions(t *testing.T) {
 		{[]string{"ro", "rw"}, 0, "", "the later word wins"},
 		{[]string{"rprivate", "atime", "noatime", "defaults"}, unix.MS_PRIVATE | unix.MS_REC | unix.MS_NOATIME, "", "propagation flags"},
 		{nil, 0, "", "no options"},
+		{[]string{"rbind", "rro", "rprivate"}, unix.MS_BIND | unix.MS_REC | unix.MS_RDONLY | unix.MS_PRIVATE, "", "CRI's recursive read-only volume"},
 	} {
 		flags, data := ParseOptions(tc.in)
 		if flags != tc.flags || data != tc.data {
 			t.Errorf("%s: ParseOptions(%q) = %#x, %q; want %#x, %q", tc.whyItTest, tc.in, flags, data, tc.flags, tc.data)
+		}
+	}
+}
+
+func TestRecursiveReadOnly(t *testing.T) {
+	for _, tc := range []struct {
+		in   []string
+		want bool
+	}{
+		{[]string{"rbind", "rro", "rprivate"}, true},
+		{[]string{"rbind", "ro"}, false},
+		{[]string{"rro", "rw"}, false},
+		{[]string{"rro", "ro"}, false},
+		{[]string{"ro", "rro"}, true},
+		{nil, false},
+	} {
+		if got := RecursiveReadOnly(tc.in); got != tc.want {
+			t.Errorf("RecursiveReadOnly(%q) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestOptionWordsAreParsed(t *testing.T) {
+	words := OptionWords()
+	for _, w := range []string{"ro", "rro", "rbind", "nosuid", "rprivate"} {
+		if !slices.Contains(words, w) {
+			t.Errorf("OptionWords() = %q, lacks %q", words, w)
+		}
+	}
+	for _, w := range words {
+		if _, data := ParseOptions([]string{w}); data != "" {
+			t.Errorf("OptionWords() lists %q, which ParseOptions passes on as data %q", w, data)
 		}
 	}
 }

@@ -5,6 +5,7 @@
 package mount
 
 import (
+	"sort"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -17,6 +18,9 @@ var flagWords = map[string]struct {
 	flag  uintptr
 }{
 	"ro": {false, unix.MS_RDONLY}, "rw": {true, unix.MS_RDONLY},
+	// rro is ro on the mount itself; RecursiveReadOnly says the caller
+	// must also make every submount read-only (mount_setattr).
+	"rro":    {false, unix.MS_RDONLY},
 	"nosuid": {false, unix.MS_NOSUID}, "suid": {true, unix.MS_NOSUID},
 	"nodev": {false, unix.MS_NODEV}, "dev": {true, unix.MS_NODEV},
 	"noexec": {false, unix.MS_NOEXEC}, "exec": {true, unix.MS_NOEXEC},
@@ -50,4 +54,31 @@ func ParseOptions(opts []string) (flags uintptr, data string) {
 		rest = append(rest, o)
 	}
 	return flags, strings.Join(rest, ",")
+}
+
+// RecursiveReadOnly reports whether the options ask for a recursively
+// read-only mount: rro is the last of ro, rw and rro, as runc reads it.
+func RecursiveReadOnly(opts []string) bool {
+	rro := false
+	for _, o := range opts {
+		switch o {
+		case "rro":
+			rro = true
+		case "ro", "rw":
+			rro = false
+		}
+	}
+	return rro
+}
+
+// OptionWords lists, sorted, the option words ParseOptions turns into
+// mount(2) flags; a runtime's features report names them as the mount
+// options it understands.
+func OptionWords() []string {
+	words := make([]string, 0, len(flagWords))
+	for w := range flagWords {
+		words = append(words, w)
+	}
+	sort.Strings(words)
+	return words
 }

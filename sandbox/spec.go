@@ -148,12 +148,13 @@ func guestMounts(mounts []specs.Mount, sh mountSharer) ([]*pb.Mount, []*pb.Stora
 	return out, storages, nil
 }
 
-// readOnly reads the options as mount(8) does: the last of ro and rw wins.
+// readOnly reads the options as mount(8) does: the last of ro and rw wins;
+// rro (recursively read-only) is read-only.
 func readOnly(opts []string) bool {
 	ro := false
 	for _, o := range opts {
 		switch o {
-		case "ro":
+		case "ro", "rro":
 			ro = true
 		case "rw":
 			ro = false

@@ -152,7 +152,12 @@ func ShimMain(args []string, stdout, stderr io.Writer, defaultConfig string) int
 		// containerd writes the runtime's options on stdin; kata-fsx's
 		// info does not depend on them (its configuration is read when a
 		// pod is created), as Kata's shim ignores them.
-		b, err := proto.Marshal(&apitypes.RuntimeInfo{Name: RuntimeType, Version: &apitypes.RuntimeVersion{Version: Version}})
+		feat, err := runtimeFeatures()
+		if err != nil {
+			fmt.Fprintf(stderr, "containerd-shim-kata-fsx-v2 -info: %v\n", err)
+			return 1
+		}
+		b, err := proto.Marshal(&apitypes.RuntimeInfo{Name: RuntimeType, Version: &apitypes.RuntimeVersion{Version: Version}, Features: feat})
 		if err != nil {
 			fmt.Fprintf(stderr, "containerd-shim-kata-fsx-v2 -info: %v\n", err)
 			return 1

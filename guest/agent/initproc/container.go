@@ -332,6 +332,14 @@ func mountInRootfs(root string, m Mount) error {
 			return fmt.Errorf("remount %s read-only: %w", m.Destination, err)
 		}
 	}
+	// The remount above reaches the bind's top mount only: rro asks for
+	// its submounts too, which only mount_setattr can do in one step.
+	if flags&unix.MS_BIND != 0 && mount.RecursiveReadOnly(m.Options) {
+		attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
+		if err := unix.MountSetattr(-1, dest, unix.AT_RECURSIVE|unix.AT_SYMLINK_NOFOLLOW, &attr); err != nil {
+			return fmt.Errorf("make %s recursively read-only (rro): %w", m.Destination, err)
+		}
+	}
 	if propagation != 0 {
 		if err := unix.Mount("", dest, "", propagation|flags&unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("set propagation of %s: %w", m.Destination, err)

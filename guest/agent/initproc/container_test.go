@@ -7,6 +7,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
 func TestLookPath(t *testing.T) {
@@ -89,5 +93,50 @@ func TestApplySysctls(t *testing.T) {
 	}
 	if err := applySysctls(dir, map[string]string{"kernel.no_such": "1"}); err == nil || !strings.Contains(err.Error(), "kernel.no_such") {
 		t.Errorf("a sysctl the kernel lacks: %v, want an error naming it", err)
+	}
+}
+
+// TestBindReadOnlyRecursion: a bind with ro leaves a submount of its
+// source writable (the remount reaches the top mount only), one with rro
+// makes the submount read-only too.
+func TestBindReadOnlyRecursion(t *testing.T) {
+	testenv.Root(t, "mounts a tmpfs and binds it")
+	src := t.TempDir()
+	sub := filepath.Join(src, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", sub, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(sub, unix.MNT_DETACH) })
+	for _, tc := range []struct {
+		opt           string
+		subReadOnly   bool
+		whyItIsTested string
+	}{
+		{"ro", false, "CRI's readOnly volume: the submount keeps its own mode"},
+		{"rro", true, "CRI's recursiveReadOnly volume"},
+	} {
+		root := t.TempDir()
+		m := Mount{Destination: "/vol", Source: src, Type: "bind", Options: []string{"rbind", tc.opt, "rprivate"}}
+		if err := mountInRootfs(root, m); err != nil {
+			t.Fatalf("%s: %v", tc.opt, err)
+		}
+		dest := filepath.Join(root, "vol")
+		t.Cleanup(func() { unix.Unmount(dest, unix.MNT_DETACH) })
+		if err := os.WriteFile(filepath.Join(dest, "top"), nil, 0o644); !errors.Is(err, unix.EROFS) {
+			t.Errorf("%s (%s): write to the bind's top: %v, want EROFS", tc.opt, tc.whyItIsTested, err)
+		}
+		err := os.WriteFile(filepath.Join(dest, "sub", "f"), nil, 0o644)
+		if tc.subReadOnly && !errors.Is(err, unix.EROFS) {
+			t.Errorf("%s (%s): write to the submount: %v, want EROFS", tc.opt, tc.whyItIsTested, err)
+		}
+		if !tc.subReadOnly && err != nil {
+			t.Errorf("%s (%s): write to the submount: %v, want it writable", tc.opt, tc.whyItIsTested, err)
+		}
+		if err := unix.Unmount(dest, unix.MNT_DETACH); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
