@@ -131,8 +131,11 @@ func (s *Source) Close() error {
 // the guest writes below it, and nothing it writes may act as a device
 // or a set-user-id program on the host.
 type BindOptions struct {
-	// ReadOnly makes the bind (recursively) read-only.
+	// ReadOnly makes the bind and every mount below it read-only.
 	ReadOnly bool
+	// TopReadOnly makes the bind's own mount read-only and leaves the
+	// mounts below it as they are, as mount(8)'s ro on an rbind does.
+	TopReadOnly bool
 	// Propagation, when non-zero, is the bind's propagation type
 	// (unix.MS_SLAVE, MS_SHARED, MS_PRIVATE).
 	Propagation uint64
@@ -148,6 +151,12 @@ func (t *Tree) Attach(src *Source, rel string, o BindOptions) (id uint64, err er
 	}
 	if err := unix.MountSetattr(src.fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
 		return 0, fmt.Errorf("set the attributes of the bind for %s: %w", rel, err)
+	}
+	if o.TopReadOnly && !o.ReadOnly {
+		top := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
+		if err := unix.MountSetattr(src.fd, "", unix.AT_EMPTY_PATH, &top); err != nil {
+			return 0, fmt.Errorf("make the bind for %s read-only: %w", rel, err)
+		}
 	}
 	var stx unix.Statx_t
 	if err := unix.Statx(src.fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx); err != nil {

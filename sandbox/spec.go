@@ -7,6 +7,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	pb "github.com/kata-fsx/kata-fsx/agent/protocols"
+	"github.com/kata-fsx/kata-fsx/mount"
 	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
 
@@ -86,8 +87,10 @@ var guestMountTypes = map[string]bool{"proc": true, "sysfs": true, "tmpfs": true
 
 // mountSharer shares a container's host paths with the guest.
 type mountSharer interface {
-	// shareBind shares the mount's source and returns its guest path.
-	shareBind(m specs.Mount, o virtiofs.VolumeOptions) (string, error)
+	// shareBind shares the mount's source and returns its guest path and
+	// whether the host leaves writable mounts below a read-only top
+	// (virtiofs.Volume's WritableBelow).
+	shareBind(m specs.Mount, o virtiofs.VolumeOptions) (guestPath string, writableBelow bool, err error)
 	// memoryEmptyDir reports whether src is an emptyDir of medium
 	// Memory, with the group that owns it.
 	memoryEmptyDir(src string) (gid uint32, ok bool)
@@ -139,9 +142,19 @@ func guestMounts(mounts []specs.Mount, sh mountSharer) ([]*pb.Mount, []*pb.Stora
 			out = append(out, &pb.Mount{Destination: m.Destination, Source: mp, Type: "bind", Options: opts})
 			continue
 		}
-		src, err := sh.shareBind(m, virtiofs.VolumeOptions{Recursive: hasOption(m.Options, "rbind"), ReadOnly: readonly})
+		src, writableBelow, err := sh.shareBind(m, virtiofs.VolumeOptions{
+			Recursive:         hasOption(m.Options, "rbind"),
+			ReadOnly:          readonly,
+			RecursiveReadOnly: readonly && mount.RecursiveReadOnly(m.Options),
+		})
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", mountName(m), err)
+		}
+		if writableBelow {
+			// The host's bind is read-only at its top; in the guest the
+			// mounts below are part of the one shared filesystem, which a
+			// read-only bind would close as a whole.
+			opts = readWrite(opts)
 		}
 		out = append(out, &pb.Mount{Destination: m.Destination, Source: src, Type: "bind", Options: opts})
 	}
@@ -161,6 +174,18 @@ func readOnly(opts []string) bool {
 		}
 	}
 	return ro
+}
+
+// readWrite returns opts with ro turned into rw.
+func readWrite(opts []string) []string {
+	out := make([]string, 0, len(opts))
+	for _, o := range opts {
+		if o == "ro" {
+			o = "rw"
+		}
+		out = append(out, o)
+	}
+	return out
 }
 
 func hasOption(opts []string, o string) bool {

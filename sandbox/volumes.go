@@ -43,20 +43,20 @@ type volumeSharer struct {
 
 // shareBind binds the mount's source into the shared directory and
 // returns where the guest finds it.
-func (v *volumeSharer) shareBind(m specs.Mount, o virtiofs.VolumeOptions) (string, error) {
+func (v *volumeSharer) shareBind(m specs.Mount, o virtiofs.VolumeOptions) (string, bool, error) {
 	shared, guestDir, st, err := v.s.backend.volumeShare(v.ctx)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	vol, err := shared.ShareVolume(v.cid, m.Source, m.Destination, o)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	v.vols = append(v.vols, vol)
 	if st != nil {
 		v.storage = st
 	}
-	return guestDir + vol.Name, nil
+	return guestDir + vol.Name, vol.WritableBelow, nil
 }
 
 // memoryEmptyDir reports whether src is a Kubernetes emptyDir of medium

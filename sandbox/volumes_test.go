@@ -10,21 +10,25 @@ import (
 	"github.com/kata-fsx/kata-fsx/virtiofs"
 )
 
-// fakeSharer records what guestMounts asks to share.
+// fakeSharer records what guestMounts asks to share (a mock of the
+// virtio-fs share, whose binds TestShareVolume checks on the host).
 type fakeSharer struct {
 	shared   []string
 	opts     []virtiofs.VolumeOptions
 	emptyDir map[string]uint32
-	fail     error
+	// below: sources with mounts below them.
+	below map[string]bool
+	fail  error
 }
 
-func (f *fakeSharer) shareBind(m specs.Mount, o virtiofs.VolumeOptions) (string, error) {
+func (f *fakeSharer) shareBind(m specs.Mount, o virtiofs.VolumeOptions) (string, bool, error) {
 	if f.fail != nil {
-		return "", f.fail
+		return "", false, f.fail
 	}
 	f.shared = append(f.shared, m.Source)
 	f.opts = append(f.opts, o)
-	return virtiofs.GuestSharedMount + "c-0011-" + m.Destination[1:], nil
+	writableBelow := f.below[m.Source] && o.ReadOnly && !o.RecursiveReadOnly && o.Recursive
+	return virtiofs.GuestSharedMount + "c-0011-" + m.Destination[1:], writableBelow, nil
 }
 
 func (f *fakeSharer) memoryEmptyDir(src string) (uint32, bool) {
@@ -71,6 +75,40 @@ func TestGuestMounts(t *testing.T) {
 	if len(storages) != 1 || storages[0].Driver != "ephemeral" || storages[0].MountPoint != guestEphemeral+"/cache" ||
 		strings.Join(storages[0].Options, ",") != "fsgid=2000" {
 		t.Errorf("storages %v, want the emptyDir's ephemeral tmpfs with its group", storages)
+	}
+}
+
+// TestGuestMountsReadOnlyBelow: a read-only volume with host mounts below
+// it keeps those writable (ro) or closes them too (rro); for ro the
+// guest's bind stays read-write, the host holding the top read-only.
+func TestGuestMountsReadOnlyBelow(t *testing.T) {
+	in := []specs.Mount{
+		{Destination: "/ro", Type: "bind", Source: "/host/tree", Options: []string{"rbind", "ro", "rprivate"}},
+		{Destination: "/rro", Type: "bind", Source: "/host/tree", Options: []string{"rbind", "rro", "rprivate"}},
+		{Destination: "/flat", Type: "bind", Source: "/host/flat", Options: []string{"rbind", "ro"}},
+	}
+	sh := &fakeSharer{below: map[string]bool{"/host/tree": true}}
+	out, _, err := guestMounts(in, sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range out {
+		got = append(got, m.Destination+":"+strings.Join(m.Options, ","))
+	}
+	want := []string{"/ro:rbind,rw,rprivate", "/rro:rbind,rro,rprivate", "/flat:rbind,ro"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("guest mounts %q, want %q", got, want)
+	}
+	wantOpts := []virtiofs.VolumeOptions{
+		{Recursive: true, ReadOnly: true},
+		{Recursive: true, ReadOnly: true, RecursiveReadOnly: true},
+		{Recursive: true, ReadOnly: true},
+	}
+	for i, o := range sh.opts {
+		if o != wantOpts[i] {
+			t.Errorf("%s: share options %+v, want %+v", in[i].Destination, o, wantOpts[i])
+		}
 	}
 }
 

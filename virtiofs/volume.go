@@ -19,15 +19,25 @@ type Volume struct {
 	Name string
 	// HostPath is the bind on the host, in the host-only mounts/ directory.
 	HostPath string
+	// WritableBelow says the bind is read-only at its top only and has
+	// mounts below it that stay writable (ro, not rro, on an rbind). The
+	// guest sees the share as one filesystem, so a read-only bind there
+	// would close the mounts below too: the guest's bind must stay
+	// read-write and leave the top's read-only mode to the host.
+	WritableBelow bool
 }
 
 // VolumeOptions say how a host path is bound into the shared directory.
 type VolumeOptions struct {
 	// Recursive binds the mounts below the source too (rbind).
 	Recursive bool
-	// ReadOnly makes the bind read-only on the host side, so even the
-	// daemon serving the share cannot write through it.
+	// ReadOnly makes the bind's own mount read-only on the host side, so
+	// even the daemon serving the share cannot write through it; mounts
+	// below it keep their mode, as the container runtime leaves them.
 	ReadOnly bool
+	// RecursiveReadOnly makes the mounts below the bind read-only too
+	// (rro).
+	RecursiveReadOnly bool
 }
 
 // nameMax is the longest file name Linux allows.
@@ -66,10 +76,20 @@ func (s *SharedDir) ShareVolume(cid, src, dest string, o VolumeOptions) (Volume,
 		base = base[:nameMax-len(name)]
 	}
 	name += base
-	if err := s.bind(from, name, mount.BindOptions{ReadOnly: o.ReadOnly}); err != nil {
+	if err := s.bind(from, name, mount.BindOptions{ReadOnly: o.RecursiveReadOnly, TopReadOnly: o.ReadOnly}); err != nil {
 		return Volume{}, fmt.Errorf("bind %s into the shared directory: %w", src, err)
 	}
-	return Volume{Name: name, HostPath: filepath.Join(s.Mounts, name)}, nil
+	v := Volume{Name: name, HostPath: filepath.Join(s.Mounts, name)}
+	if o.ReadOnly && !o.RecursiveReadOnly && o.Recursive {
+		// The bind as attached, not the source, which may have changed.
+		below, err := mount.Under(v.HostPath)
+		if err != nil {
+			s.unbind(name)
+			return Volume{}, fmt.Errorf("mounts below the bind of %s: %w", src, err)
+		}
+		v.WritableBelow = len(below) > 1
+	}
+	return v, nil
 }
 
 // UnshareVolume removes a volume's bind from the shared directory and the

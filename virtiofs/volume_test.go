@@ -113,3 +113,55 @@ func TestShareVolume(t *testing.T) {
 		t.Errorf("Cleanup removed a directory of a volume: %v", err)
 	}
 }
+
+// TestShareVolumeMountsBelow: a read-only rbind of a tree with a mount
+// below it closes the top and leaves the mount below writable (ro), or
+// closes both (rro), on the host where the daemon writes.
+func TestShareVolumeMountsBelow(t *testing.T) {
+	testenv.Root(t, "bind mounts")
+	base := t.TempDir()
+	src := filepath.Join(base, "src")
+	sub := filepath.Join(src, "tmpfs")
+	if err := os.MkdirAll(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("none", sub, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(sub, unix.MNT_DETACH) })
+	s, err := NewSharedDir(filepath.Join(base, "sb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Cleanup()
+	for _, tc := range []struct {
+		o             VolumeOptions
+		subWritable   bool
+		writableBelow bool
+	}{
+		{VolumeOptions{Recursive: true, ReadOnly: true}, true, true},
+		{VolumeOptions{Recursive: true, ReadOnly: true, RecursiveReadOnly: true}, false, false},
+		{VolumeOptions{Recursive: false, ReadOnly: true}, false, false}, // bind: no mount below is cloned
+	} {
+		v, err := s.ShareVolume("c1", src, "/mnt", tc.o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(v.HostPath, "top"), nil, 0o644); !errors.Is(err, unix.EROFS) {
+			t.Errorf("%+v: write to the top: %v, want EROFS", tc.o, err)
+		}
+		err = os.WriteFile(filepath.Join(v.HostPath, "tmpfs", "f"), nil, 0o644)
+		if tc.subWritable && err != nil {
+			t.Errorf("%+v: write below: %v, want it writable", tc.o, err)
+		}
+		if !tc.subWritable && err == nil {
+			t.Errorf("%+v: write below succeeded, want it refused", tc.o)
+		}
+		if v.WritableBelow != tc.writableBelow {
+			t.Errorf("%+v: WritableBelow %v, want %v", tc.o, v.WritableBelow, tc.writableBelow)
+		}
+		if err := s.UnshareVolume(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -15,6 +15,8 @@ import (
 // volumeDirs are the host side of the volumes a test container gets.
 type volumeDirs struct {
 	rw, ro, file, memEmptyDir string
+	// tree has a tmpfs mounted at tree/sub; it is bound ro and rro.
+	tree string
 }
 
 func newVolumeDirs(t *testing.T) volumeDirs {
@@ -26,8 +28,9 @@ func newVolumeDirs(t *testing.T) volumeDirs {
 		file: filepath.Join(base, "single.conf"),
 		// Kubelet's layout of an emptyDir, which Kata recognises.
 		memEmptyDir: filepath.Join(base, "pod", "volumes", "kubernetes.io~empty-dir", "cache"),
+		tree:        filepath.Join(base, "tree"),
 	}
-	for _, d := range []string{v.rw, v.ro, v.memEmptyDir} {
+	for _, d := range []string{v.rw, v.ro, v.memEmptyDir, filepath.Join(v.tree, "sub")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -40,6 +43,10 @@ func newVolumeDirs(t *testing.T) volumeDirs {
 		t.Fatalf("tmpfs for the emptyDir: %v", err)
 	}
 	t.Cleanup(func() { unix.Unmount(v.memEmptyDir, unix.MNT_DETACH) })
+	if err := unix.Mount("tmpfs", filepath.Join(v.tree, "sub"), "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatalf("tmpfs below the tree volume: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(filepath.Join(v.tree, "sub"), unix.MNT_DETACH) })
 	// The pod's fsGroup owns the emptyDir; Kata hands it to the guest.
 	if err := os.Chown(v.memEmptyDir, 0, 2000); err != nil {
 		t.Fatal(err)
@@ -62,6 +69,8 @@ func (v volumeDirs) mountArgs() []string {
 		"--mount", "type=bind,src=" + v.ro + ",dst=/vol/ro,options=rbind:ro",
 		"--mount", "type=bind,src=" + v.file + ",dst=/etc/single.conf,options=rbind:rw",
 		"--mount", "type=bind,src=" + v.memEmptyDir + ",dst=/vol/mem,options=rbind:rw",
+		"--mount", "type=bind,src=" + v.tree + ",dst=/vol/tree,options=rbind:ro",
+		"--mount", "type=bind,src=" + v.tree + ",dst=/vol/rtree,options=rbind:rro",
 	}
 }
 
@@ -91,8 +100,8 @@ func mountLineFor(lines []string, suffix string) (string, string) {
 
 // TestVolumes runs a container with host binds through containerd on both
 // backends: a rw directory both ways, a ro one that refuses writes (in the
-// guest and on the host side of the share), a single file changed on the
-// host, an emptyDir of medium Memory as a guest tmpfs; after the pod, no
+// guest and on the host side of the share), ro and rro binds of a tree with
+// a mount below it, a single file changed on the host, an emptyDir of medium Memory as a guest tmpfs; after the pod, no
 // mount of its shared directory and no virtiofsd is left.
 func TestVolumes(t *testing.T) {
 	ce := newContainerdEnv(t)
@@ -161,6 +170,21 @@ func TestVolumes(t *testing.T) {
 			}
 			if !seen {
 				t.Errorf("the ro volume is not in the mount namespace of virtiofsd %v", vfsd)
+			}
+
+			// ro on an rbind closes its top, not the mount below it (as
+			// runc leaves it); rro closes both.
+			r = sh("touch /vol/tree/top; echo rc=$?; touch /vol/tree/sub/fromguest; echo rc=$?; touch /vol/rtree/sub/rro; echo rc=$?")
+			if r.stdout != "rc=1\nrc=0\nrc=1\n" || strings.Count(r.stderr, "Read-only file system") != 2 {
+				t.Errorf("ro and rro volumes over a mount: stdout %q stderr %q, want the top and the rro mount refused (EROFS), the ro volume's mount below writable", r.stdout, r.stderr)
+			}
+			if _, err := os.Stat(filepath.Join(v.tree, "sub", "fromguest")); err != nil {
+				t.Errorf("the write below the ro volume's top is not on the host: %v", err)
+			}
+			for _, f := range []string{filepath.Join(v.tree, "top"), filepath.Join(v.tree, "sub", "rro")} {
+				if _, err := os.Stat(f); err == nil {
+					t.Errorf("the guest created %s through a read-only volume", f)
+				}
 			}
 
 			// A single file, changed on the host.
