@@ -35,6 +35,23 @@ func TestParseOptions(t *testing.T) {
 	}
 }
 
+func TestReadOnly(t *testing.T) {
+	for _, tc := range []struct {
+		in   []string
+		want bool
+	}{
+		{[]string{"rbind", "ro"}, true},
+		{[]string{"rbind", "rro"}, true},
+		{[]string{"ro", "rw"}, false},
+		{[]string{"rw", "ro"}, true},
+		{[]string{"rbind"}, false},
+	} {
+		if got := ReadOnly(tc.in); got != tc.want {
+			t.Errorf("ReadOnly(%q) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
 func TestRecursiveReadOnly(t *testing.T) {
 	for _, tc := range []struct {
 		in   []string

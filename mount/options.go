@@ -56,6 +56,13 @@ func ParseOptions(opts []string) (flags uintptr, data string) {
 	return flags, strings.Join(rest, ",")
 }
 
+// ReadOnly reports whether the options make a read-only mount: the last
+// of ro, rro and rw decides, as mount(8) reads them.
+func ReadOnly(opts []string) bool {
+	flags, _ := ParseOptions(opts)
+	return flags&unix.MS_RDONLY != 0
+}
+
 // RecursiveReadOnly reports whether the options ask for a recursively
 // read-only mount: rro is the last of ro, rw and rro, as runc reads it.
 func RecursiveReadOnly(opts []string) bool {

@@ -130,7 +130,7 @@ func guestMounts(mounts []specs.Mount, sh mountSharer) ([]*pb.Mount, []*pb.Stora
 		if !filepath.IsAbs(m.Source) {
 			return nil, nil, fmt.Errorf("%s: a bind needs an absolute host path as its source", mountName(m))
 		}
-		readonly := readOnly(m.Options)
+		readonly := mount.ReadOnly(m.Options)
 		if gid, ok := sh.memoryEmptyDir(m.Source); ok {
 			// The containers of a pod share the emptyDir: same mount point.
 			mp := filepath.Join(guestEphemeral, filepath.Base(m.Source))
@@ -159,21 +159,6 @@ func guestMounts(mounts []specs.Mount, sh mountSharer) ([]*pb.Mount, []*pb.Stora
 		out = append(out, &pb.Mount{Destination: m.Destination, Source: src, Type: "bind", Options: opts})
 	}
 	return out, storages, nil
-}
-
-// readOnly reads the options as mount(8) does: the last of ro and rw wins;
-// rro (recursively read-only) is read-only.
-func readOnly(opts []string) bool {
-	ro := false
-	for _, o := range opts {
-		switch o {
-		case "ro", "rro":
-			ro = true
-		case "rw":
-			ro = false
-		}
-	}
-	return ro
 }
 
 // readWrite returns opts with ro turned into rw.
