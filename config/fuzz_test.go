@@ -8,10 +8,6 @@ import (
 
 // FuzzLoadFile feeds arbitrary bytes as configuration.toml: loading and
 // validating must return an error or a configuration, never panic.
-//
-// fuzz.sh: slow: an input grown from the Kata stock file seed is a
-// 700-line TOML document that BurntSushi/toml parses twice per load (about
-// 4.5 ms here), so the target runs at about 200 executions a second.
 func FuzzLoadFile(f *testing.F) {
 	stock, _ := os.ReadFile("testdata/kata-stock.toml")
 	f.Add(stock)
