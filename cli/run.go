@@ -544,13 +544,20 @@ func runExec(ctx context.Context, args []string, stdout, stderr io.Writer, defau
 	}
 	// Interrupted (SIGINT/SIGTERM cancel ctx), the exec is killed in the
 	// guest too: a command left running there would outlive its caller.
+	// The client waits for the guest to report the process gone, so a
+	// caller that sees this command return never finds it still running;
+	// the bound is generous because a loaded TCG guest answers slowly.
 	killed := make(chan struct{})
 	stopKill := context.AfterFunc(ctx, func() {
 		defer close(killed)
-		kctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		kctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := g.Signal(kctx, id, eid, syscall.SIGKILL); err != nil {
 			fmt.Fprintf(stderr, "kata-fsx exec: interrupted; killing %s in the guest: %v\n", eid, err)
+			return
+		}
+		if _, err := g.Wait(kctx, id, eid); err != nil {
+			fmt.Fprintf(stderr, "kata-fsx exec: interrupted; %s killed in the guest but not yet reaped: %v\n", eid, err)
 		}
 	})
 	code, err := g.Wait(ctx, id, eid)

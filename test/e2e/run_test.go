@@ -250,7 +250,7 @@ func TestRunKeepThenExec(t *testing.T) {
 		t.Fatalf("exec of sleep 300 ended well after SIGTERM: stdout %q stderr %s", sout.String(), serr.String())
 	}
 	if r := e.run(ctx, "exec", "kept", "--", "/bin/sh", "-c", "ps | grep -c '[s]leep 300'"); strings.TrimSpace(r.stdout) != "0" {
-		t.Fatalf("the interrupted exec still runs in the guest: ps counts %q sleep processes (stderr %s)", r.stdout, r.stderr)
+		t.Fatalf("the interrupted exec still runs in the guest: ps counts %q sleep processes (stderr %s)\nthe interrupted exec's stderr: %s", r.stdout, r.stderr, serr.String())
 	}
 	cmd.Process.Signal(syscall.SIGINT)
 	if err := cmd.Wait(); err == nil || cmd.ProcessState.ExitCode() != 4 {
