@@ -82,6 +82,11 @@ type Spec struct {
 	// that the sandbox knows nothing of the lazy store and registries
 	// whose caches it prunes.
 	PruneCaches func(ctx context.Context, cfg *config.Config, logf func(string, ...any)) (ran bool, _ []nodecache.Result, _ error)
+	// HostMounts, when set, is the host's mount namespace, in which the
+	// containers' bind sources are read: the shim serves a pod from a
+	// mount namespace of its own, which the host's later mounts may not
+	// reach. Nil reads them in the caller's namespace.
+	HostMounts *mount.Namespace
 }
 
 // BackendVirtioBlk serves a prebuilt raw ext4 image file as the first
@@ -101,8 +106,10 @@ type Sandbox struct {
 
 	cfg     *config.Config
 	backend Backend
-	vm      *hypervisor.VM
-	agent   *agent.Client
+	// hostMounts is where bind sources are read (Spec.HostMounts).
+	hostMounts *mount.Namespace
+	vm         *hypervisor.VM
+	agent      *agent.Client
 	// vhostVsock is the open /dev/vhost-vsock that holds the guest's CID
 	// (vhost-vsock transport); QEMU has a copy, and Stop closes this one
 	// after QEMU is gone.
@@ -184,6 +191,7 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 	}
 	s.lazy, owned = spec.RootfsLazy, true
 	s.pruneCaches = spec.PruneCaches
+	s.hostMounts = spec.HostMounts
 	log.G(ctx).WithField("sandbox", spec.ID).Infof("backend %s: %s", d.Backend, d.Reason)
 	for _, k := range cfg.Ignored {
 		log.G(ctx).WithField("sandbox", spec.ID).Warnf("%s", k)

@@ -48,6 +48,7 @@ func (v *volumeSharer) shareBind(m specs.Mount, o virtiofs.VolumeOptions) (strin
 	if err != nil {
 		return "", false, err
 	}
+	o.SourceMounts = v.s.hostMounts
 	vol, err := shared.ShareVolume(v.cid, m.Source, m.Destination, o)
 	if err != nil {
 		return "", false, err

@@ -36,6 +36,7 @@ import (
 
 	"github.com/kata-fsx/kata-fsx/atomicfile"
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/mount"
 	"github.com/kata-fsx/kata-fsx/sandbox"
 	"github.com/kata-fsx/kata-fsx/sandbox/rootfs"
 )
@@ -73,6 +74,12 @@ const (
 
 // listenerFd is the fd the start command hands the server its socket on.
 const listenerFd = 3
+
+// hostMountsFd is the fd the start command hands the server the host's
+// mount namespace on (its own, which is containerd's), so the server,
+// in a mount namespace of its own, can still read host paths as the host
+// sees them now.
+const hostMountsFd = 4
 
 // shimFlags are the flags containerd passes to every shim invocation.
 type shimFlags struct {
@@ -294,12 +301,22 @@ func startShim(ctx context.Context, f *shimFlags) (string, error) {
 	if f.debug {
 		args = append(args, "-debug")
 	}
+	hostMounts, err := os.Open("/proc/self/ns/mnt")
+	if err != nil {
+		os.Remove(sock)
+		return "", fmt.Errorf("own mount namespace: %w", err)
+	}
+	defer hostMounts.Close()
 	cmd := exec.Command(self, append(args, "serve")...)
 	cmd.Dir = f.bundle
 	cmd.Env = os.Environ()
-	cmd.ExtraFiles = []*os.File{lf}
-	// Its own session: containerd's signals and exit must not reach the pod.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.ExtraFiles = []*os.File{lf, hostMounts}
+	// Its own session: containerd's signals and exit must not reach the
+	// pod. Its own mount namespace: the share's binds (container rootfs,
+	// volumes) live there, out of the host's mount table, where a host
+	// directory that a bind copied could not be removed while the pod
+	// runs, and where nothing of them outlives the shim and its VM.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Cloneflags: syscall.CLONE_NEWNS}
 	if err := cmd.Start(); err != nil {
 		os.Remove(sock)
 		return "", fmt.Errorf("spawn shim server: %w", err)
@@ -331,6 +348,14 @@ func serveShim(f *shimFlags, defaultConfig string) error {
 	if err != nil {
 		return fmt.Errorf("socket from start: %w", err)
 	}
+	hostMounts, err := mount.NamespaceOf(os.NewFile(hostMountsFd, "host-mount-namespace"))
+	if err != nil {
+		return fmt.Errorf("the host's mount namespace from start: %w", err)
+	}
+	defer hostMounts.Close()
+	if err := enterOwnMounts(hostMounts); err != nil {
+		return err
+	}
 	spec, err := readBundleSpec(f.bundle)
 	if err != nil {
 		return err
@@ -340,7 +365,7 @@ func serveShim(f *shimFlags, defaultConfig string) error {
 	defer os.Remove(sock)
 
 	ev := newForwarder(ctx, f.namespace, os.Getenv("TTRPC_ADDRESS"))
-	svc := newService(ctx, serviceOptions{namespace: f.namespace, group: group, events: ev, defaultConfig: defaultConfig})
+	svc := newService(ctx, serviceOptions{namespace: f.namespace, group: group, events: ev, defaultConfig: defaultConfig, hostMounts: hostMounts})
 	srv, err := ttrpc.NewServer()
 	if err != nil {
 		return fmt.Errorf("ttrpc server: %w", err)

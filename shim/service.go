@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kata-fsx/kata-fsx/config"
+	"github.com/kata-fsx/kata-fsx/mount"
 	"github.com/kata-fsx/kata-fsx/node"
 	"github.com/kata-fsx/kata-fsx/sandbox"
 	"github.com/kata-fsx/kata-fsx/sandbox/rootfs"
@@ -55,6 +56,10 @@ type serviceOptions struct {
 	group         string // the pod's sandbox id
 	events        *forwarder
 	defaultConfig string
+	// hostMounts is the host's mount namespace, which volumes' sources
+	// are read in; nil is the server's own (tests that run a service
+	// in-process).
+	hostMounts *mount.Namespace
 }
 
 // service is the containerd Task API of one pod.
@@ -269,7 +274,7 @@ func (s *service) createSandbox(ctx context.Context, r *taskapi.CreateTaskReques
 	if spec.Linux != nil {
 		res = spec.Linux.Resources
 	}
-	sbSpec := sandbox.Spec{ID: r.ID, Config: cfg, Annotations: spec.Annotations, Rootfs: rf, Hostname: hostname, Resources: res, NetNSPath: netNSPath(spec)}
+	sbSpec := sandbox.Spec{ID: r.ID, Config: cfg, Annotations: spec.Annotations, Rootfs: rf, Hostname: hostname, Resources: res, NetNSPath: netNSPath(spec), HostMounts: s.opts.hostMounts}
 	if err := s.lazyRootfs(ctx, &sbSpec); err != nil {
 		sbCancel()
 		return nil, err

@@ -38,6 +38,9 @@ type VolumeOptions struct {
 	// RecursiveReadOnly makes the mounts below the bind read-only too
 	// (rro).
 	RecursiveReadOnly bool
+	// SourceMounts is the mount namespace the source is read in; nil is
+	// the caller's own.
+	SourceMounts *mount.Namespace
 }
 
 // nameMax is the longest file name Linux allows.
@@ -53,7 +56,7 @@ func (s *SharedDir) ShareVolume(cid, src, dest string, o VolumeOptions) (Volume,
 	if err := validID(cid); err != nil {
 		return Volume{}, err
 	}
-	from, err := mount.Clone(src, o.Recursive)
+	from, err := o.SourceMounts.Clone(src, o.Recursive)
 	if err != nil {
 		return Volume{}, fmt.Errorf("source %s: %w", src, err)
 	}

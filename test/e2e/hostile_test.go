@@ -194,6 +194,16 @@ func TestHostileGuest(t *testing.T) {
 				return ce.ctr(ctx, "tasks", "exec", "--exec-id", fmt.Sprintf("e%d", execN), pod, "/bin/sh", "-c", script)
 			}
 			check("after create")
+			// The shim serves the pod from a mount namespace of its own:
+			// the share's binds are there, not in the host's table.
+			shimPid := ce.shimPid(t, pod)
+			shimMounts := func(dir string) []string { return sharedMounts(shimPid, dir) }
+			if len(shimMounts(sbDir)) == 0 {
+				t.Fatalf("no mount of the sandbox in the shim's (pid %d) mount namespace", shimPid)
+			}
+			if m := sharedMounts(os.Getpid(), sbDir); len(m) > 0 {
+				t.Errorf("mounts of the sandbox in the host's mount namespace:\n%s", strings.Join(m, "\n"))
+			}
 
 			// A container joining the pod: its create and delete are
 			// attacked, and the racer has been at its name since boot.
@@ -218,7 +228,7 @@ func TestHostileGuest(t *testing.T) {
 				}
 				t.Logf("worker container (try %d): the guest's own lookup missed its rootfs: %s", try, strings.TrimSpace(r.stderr))
 				check("after a worker create the guest failed")
-				if left := sharedMounts(os.Getpid(), filepath.Join(sbDir, "mounts", worker)+"/"); len(left) > 0 {
+				if left := shimMounts(filepath.Join(sbDir, "mounts", worker) + "/"); len(left) > 0 {
 					t.Fatalf("a failed worker create left its binds:\n%s", strings.Join(left, "\n"))
 				}
 				ce.ctr(ctx, "containers", "delete", worker)
@@ -247,7 +257,8 @@ func TestHostileGuest(t *testing.T) {
 			// The device node and set-user-id file the guest made in its
 			// rootfs do nothing through the host's binds.
 			// (9p with security_model=none refuses the guest's mknod.)
-			rootfsBind := filepath.Join(sbDir, "mounts", pod, "rootfs")
+			// The bind is reached through the shim's root, in its namespace.
+			rootfsBind := filepath.Join(fmt.Sprintf("/proc/%d/root", shimPid), sbDir, "mounts", pod, "rootfs")
 			made := strings.Contains(log.stdout, "content mknod /run/kata-containers/shared/containers/"+pod+"/rootfs/hostile-null: ok")
 			if f, err := os.OpenFile(filepath.Join(rootfsBind, "hostile-null"), os.O_WRONLY, 0); made && !errors.Is(err, unix.EACCES) {
 				if f != nil {
@@ -256,7 +267,7 @@ func TestHostileGuest(t *testing.T) {
 				t.Errorf("the guest's device node opened through the host's bind: %v, want EACCES", err)
 			}
 			t.Logf("the guest's mknod in its rootfs: made %t", made)
-			for _, l := range sharedMounts(os.Getpid(), sbDir) {
+			for _, l := range shimMounts(sbDir) {
 				if f := strings.Fields(l); !strings.Contains(f[5], "nosuid") || !strings.Contains(f[5], "nodev") {
 					t.Errorf("a mount of the sandbox is not nosuid,nodev: %s", l)
 				}

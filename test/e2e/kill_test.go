@@ -27,14 +27,7 @@ func TestShimSIGTERMWithContainerdGone(t *testing.T) {
 			defer cancel()
 			id := "sigterm-" + strings.ReplaceAll(backend, "-", "")
 			ce.startLongRunning(ctx, t, id, backend)
-			b, err := os.ReadFile(filepath.Join(ce.dir, "state", "io.containerd.runtime.v2.task", "test", id, "shim.pid"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			var shimPid int
-			if _, err := fmt.Sscan(string(b), &shimPid); err != nil {
-				t.Fatal(err)
-			}
+			shimPid := ce.shimPid(t, id)
 			sandboxDir := filepath.Join(ce.stateDir, id)
 			bundle := filepath.Join(ce.dir, "state", "io.containerd.runtime.v2.task", "test", id)
 			if len(pidsOf(sandboxDir, "qemu-system")) != 1 {

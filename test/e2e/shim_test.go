@@ -162,6 +162,21 @@ func (ce *containerdEnv) startDaemon(t *testing.T) {
 	}
 }
 
+// shimPid is the pid of the shim server that serves pod id, from the
+// shim.pid its start wrote in the bundle.
+func (ce *containerdEnv) shimPid(t *testing.T, id string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(ce.dir, "state", "io.containerd.runtime.v2.task", "test", id, "shim.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if _, err := fmt.Sscan(string(b), &pid); err != nil {
+		t.Fatalf("pod %s: shim.pid: %v", id, err)
+	}
+	return pid
+}
+
 func (ce *containerdEnv) logTail(n int) string {
 	ce.logMu.Lock()
 	defer ce.logMu.Unlock()
@@ -479,14 +494,7 @@ func TestShimContainerdDeadShim(t *testing.T) {
 	const id = "deadshim"
 	events := ce.watchEvents(t)
 	ce.startLongRunning(ctx, t, id, "virtio-fs")
-	b, err := os.ReadFile(filepath.Join(ce.dir, "state", "io.containerd.runtime.v2.task", "test", id, "shim.pid"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var shimPid int
-	if _, err := fmt.Sscan(string(b), &shimPid); err != nil {
-		t.Fatal(err)
-	}
+	shimPid := ce.shimPid(t, id)
 	sandboxDir := filepath.Join(ce.stateDir, id)
 	if len(pidsOf(sandboxDir, "qemu-system")) != 1 || len(pidsOf(sandboxDir, "virtiofsd")) == 0 {
 		t.Fatalf("pod %s: QEMU or virtiofsd not found", id)
@@ -547,7 +555,15 @@ func TestShimContainerdPodJoin(t *testing.T) {
 		t.Errorf("QEMU before %v, after %v: the worker must join the pod's VM", qemuBefore, q)
 	}
 	// The worker's rootfs share is released; the pod keeps running.
-	if m, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(m), "/worker/rootfs") {
+	// The shim keeps the share's binds in its own mount namespace.
+	m, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", ce.shimPid(t, pod)))
+	if err != nil {
+		t.Fatalf("the shim's mount table: %v", err)
+	}
+	if !strings.Contains(string(m), "/"+pod+"/rootfs") {
+		t.Errorf("the pod's own rootfs bind is not in its shim's mount table")
+	}
+	if strings.Contains(string(m), "/worker/rootfs") {
 		t.Errorf("worker rootfs still mounted after its delete")
 	}
 	if st := ce.waitTaskStatus(ctx, pod, "RUNNING"); st != "RUNNING" {

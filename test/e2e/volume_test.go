@@ -74,8 +74,9 @@ func (v volumeDirs) mountArgs() []string {
 	}
 }
 
-// sharedMounts lists the mount table lines of the host (or of process pid's
-// mount namespace) whose mount point is below dir.
+// sharedMounts lists the mount table lines of process pid's mount
+// namespace whose mount point is below dir: the test's own pid for the
+// host's, a shim's for the pod's binds.
 func sharedMounts(pid int, dir string) []string {
 	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
 	var out []string
@@ -151,9 +152,14 @@ func TestVolumes(t *testing.T) {
 				t.Errorf("the guest created a file in a ro volume")
 			}
 			// Read-only on the host side too: the bind in the shared
-			// directory, and its copy in virtiofsd's mount namespace.
-			if _, opts := mountLineFor(sharedMounts(os.Getpid(), shared), "-ro"); !strings.HasPrefix(opts, "ro") {
-				t.Errorf("the ro volume's bind in %s is %q, want ro:\n%s", shared, opts, strings.Join(sharedMounts(os.Getpid(), shared), "\n"))
+			// directory (in the shim's mount namespace, and not in the
+			// host's), and its copy in virtiofsd's mount namespace.
+			shimPid := ce.shimPid(t, id)
+			if _, opts := mountLineFor(sharedMounts(shimPid, shared), "-ro"); !strings.HasPrefix(opts, "ro") {
+				t.Errorf("the ro volume's bind in %s is %q, want ro:\n%s", shared, opts, strings.Join(sharedMounts(shimPid, shared), "\n"))
+			}
+			if l, _ := mountLineFor(sharedMounts(os.Getpid(), shared), "-ro"); l != "" {
+				t.Errorf("the ro volume's bind is in the host's mount namespace: %s", l)
 			}
 			vfsd := pidsOf(sbDir, "virtiofsd")
 			if len(vfsd) == 0 {
@@ -185,6 +191,18 @@ func TestVolumes(t *testing.T) {
 				if _, err := os.Stat(f); err == nil {
 					t.Errorf("the guest created %s through a read-only volume", f)
 				}
+			}
+
+			// The host takes its mounts back from under the running pod,
+			// as critest does with a volume's tmpfs: the share's binds
+			// live in the shim's mount namespace and do not pin the
+			// host's directories, which a bind in the host's namespace
+			// would (unlinkat: device or resource busy).
+			if err := unix.Unmount(filepath.Join(v.tree, "sub"), 0); err != nil {
+				t.Errorf("unmount the tree volume's tmpfs while the pod runs: %v", err)
+			}
+			if err := os.RemoveAll(v.tree); err != nil {
+				t.Errorf("remove the tree volume's directory while the pod runs: %v", err)
 			}
 
 			// A single file, changed on the host.
@@ -364,7 +382,7 @@ func TestVolumesPodJoin(t *testing.T) {
 	if r := ce.ctr(ctx, "containers", "delete", "worker1"); r.code != 0 {
 		t.Fatalf("delete worker1: %s", r.stderr)
 	}
-	for _, l := range sharedMounts(os.Getpid(), shared) {
+	for _, l := range sharedMounts(ce.shimPid(t, pod), shared) {
 		if strings.Contains(l, "/worker1-") || strings.Contains(l, "/worker2-") {
 			t.Errorf("a removed container's volume is still bound: %s", l)
 		}
