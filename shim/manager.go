@@ -348,6 +348,9 @@ func serveShim(f *shimFlags, defaultConfig string) error {
 	if err != nil {
 		return fmt.Errorf("socket from start: %w", err)
 	}
+	// The host's namespace must not reach QEMU or virtiofsd, which face
+	// the guest: start passed the descriptor without close-on-exec.
+	unix.CloseOnExec(hostMountsFd)
 	hostMounts, err := mount.NamespaceOf(os.NewFile(hostMountsFd, "host-mount-namespace"))
 	if err != nil {
 		return fmt.Errorf("the host's mount namespace from start: %w", err)

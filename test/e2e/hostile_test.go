@@ -126,6 +126,20 @@ func hostileLog(log string) (attempts map[string]int, breaches []string) {
 	return attempts, breaches
 }
 
+// nsDescriptors lists the open descriptors of process pid that are
+// namespaces, as "fd -> mnt:[inode]".
+func nsDescriptors(pid int) []string {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, _ := os.ReadDir(dir)
+	var out []string
+	for _, e := range ents {
+		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && strings.HasSuffix(l, "]") && strings.Contains(l, ":[") && !strings.HasPrefix(l, "socket:") && !strings.HasPrefix(l, "pipe:") && !strings.HasPrefix(l, "anon_inode:") {
+			out = append(out, e.Name()+" -> "+l)
+		}
+	}
+	return out
+}
+
 // guestMissedRootfs reports whether a container create failed only
 // because the guest's agent could not find the rootfs the shim shared.
 func guestMissedRootfs(stderr, cid string) bool {
@@ -203,6 +217,15 @@ func TestHostileGuest(t *testing.T) {
 			}
 			if m := sharedMounts(os.Getpid(), sbDir); len(m) > 0 {
 				t.Errorf("mounts of the sandbox in the host's mount namespace:\n%s", strings.Join(m, "\n"))
+			}
+			// The processes that face the guest hold no namespace of the
+			// host's (the shim keeps one to read volume sources in).
+			for _, exe := range []string{"qemu-system", "virtiofsd"} {
+				for _, pid := range pidsOf(sbDir, exe) {
+					if fds := nsDescriptors(pid); len(fds) > 0 {
+						t.Errorf("%s (pid %d) holds namespace descriptors: %v", exe, pid, fds)
+					}
+				}
 			}
 
 			// A container joining the pod: its create and delete are
