@@ -56,6 +56,10 @@ type InitConfig struct {
 	// network and IPC namespaces with the pod's other containers, so a
 	// value is the pod's, as CRI's pod-level sysctls are.
 	Sysctl map[string]string `json:"sysctl,omitempty"`
+	// MaskedPaths and ReadonlyPaths are the spec's linux.maskedPaths and
+	// linux.readonlyPaths, paths in the container applied after the pivot.
+	MaskedPaths   []string `json:"maskedPaths,omitempty"`
+	ReadonlyPaths []string `json:"readonlyPaths,omitempty"`
 }
 
 // Mount is one of the container's mounts, as the spec gives it.
@@ -223,10 +227,61 @@ func setupRootfs(cfg *InitConfig) error {
 	if err := enterRootfs(root); err != nil {
 		return err
 	}
+	for _, p := range cfg.ReadonlyPaths {
+		if err := readonlyPath(p); err != nil {
+			return err
+		}
+	}
+	for _, p := range cfg.MaskedPaths {
+		if err := maskPath(p); err != nil {
+			return err
+		}
+	}
 	if cfg.Readonly {
 		if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
 			return fmt.Errorf("remount rootfs read-only: %w", err)
 		}
+	}
+	return nil
+}
+
+// readonlyPath makes path (in the container, after the pivot) a read-only
+// bind of itself, as runc does for linux.readonlyPaths; a path the
+// container does not have is left alone. Only the read-only flag is
+// added, so the mount keeps its nosuid, nodev and noexec.
+func readonlyPath(path string) error {
+	if err := unix.Mount(path, path, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("readonly path %s: bind: %w", path, err)
+	}
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
+	if err := unix.MountSetattr(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, &attr); err != nil {
+		return fmt.Errorf("readonly path %s: %w", path, err)
+	}
+	return nil
+}
+
+// maskPath hides path (in the container, after the pivot) as runc does for
+// linux.maskedPaths: an empty read-only tmpfs over a directory, /dev/null
+// over anything else; a path the container does not have is left alone.
+func maskPath(path string) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("masked path %s: %w", path, err)
+	}
+	var err error
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		err = unix.Mount("tmpfs", path, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "")
+	} else {
+		err = unix.Mount("/dev/null", path, "", unix.MS_BIND, "")
+	}
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("masked path %s: %w", path, err)
 	}
 	return nil
 }

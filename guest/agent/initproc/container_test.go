@@ -140,3 +140,67 @@ func TestBindReadOnlyRecursion(t *testing.T) {
 		}
 	}
 }
+
+// Read-only and masked paths behave as runc's: writes below a read-only
+// path fail with EROFS, a masked file reads empty, a masked directory is
+// empty and unwritable, and a missing path is no error. The mounts are
+// made in a private mount namespace of a child (unshare -m), which takes
+// them with it.
+func TestReadonlyAndMaskedPaths(t *testing.T) {
+	if dir := os.Getenv("KATA_FSX_PATHS_HELPER"); dir != "" {
+		checkReadonlyAndMasked(t, dir)
+		return
+	}
+	testenv.Root(t, "bind mounts")
+	unshare := testenv.Tool(t, "unshare", "util-linux")
+	dir := t.TempDir()
+	for _, d := range []string{"ro", "masked-dir"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{"ro/file", "masked-dir/secret", "masked-file"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("secret\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(unshare, "--mount", "--propagation", "private", os.Args[0], "-test.run=^TestReadonlyAndMaskedPaths$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "KATA_FSX_PATHS_HELPER="+dir)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestReadonlyAndMaskedPaths") {
+		t.Fatalf("helper in a private mount namespace: %v\n%s", err, out)
+	}
+	// Nothing of it reached this namespace.
+	if err := os.WriteFile(filepath.Join(dir, "ro", "file"), []byte("w\n"), 0o644); err != nil {
+		t.Errorf("the read-only path is read-only outside the helper's namespace: %v", err)
+	}
+}
+
+func checkReadonlyAndMasked(t *testing.T, dir string) {
+	ro, mdir, mfile := filepath.Join(dir, "ro"), filepath.Join(dir, "masked-dir"), filepath.Join(dir, "masked-file")
+	for _, p := range []string{ro, filepath.Join(dir, "missing")} {
+		if err := readonlyPath(p); err != nil {
+			t.Fatalf("readonlyPath(%s): %v", p, err)
+		}
+	}
+	for _, p := range []string{mdir, mfile, filepath.Join(dir, "missing")} {
+		if err := maskPath(p); err != nil {
+			t.Fatalf("maskPath(%s): %v", p, err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(ro, "file"), []byte("w\n"), 0o644); !errors.Is(err, unix.EROFS) {
+		t.Errorf("write below the read-only path: %v, want EROFS", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(ro, "file")); err != nil || string(b) != "secret\n" {
+		t.Errorf("read below the read-only path: %q, %v", b, err)
+	}
+	if b, err := os.ReadFile(mfile); err != nil || len(b) != 0 {
+		t.Errorf("masked file reads %q, %v; want nothing", b, err)
+	}
+	if ents, err := os.ReadDir(mdir); err != nil || len(ents) != 0 {
+		t.Errorf("masked directory lists %v, %v; want nothing", ents, err)
+	}
+	if err := os.WriteFile(filepath.Join(mdir, "new"), []byte("w\n"), 0o644); !errors.Is(err, unix.EROFS) {
+		t.Errorf("write in the masked directory: %v, want EROFS", err)
+	}
+}

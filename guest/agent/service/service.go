@@ -323,6 +323,10 @@ func (a *Agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 		// The user, capabilities, rlimits, no_new_privs and seccomp filter.
 		Privileges: priv,
 		Sysctl:     c.spec.GetLinux().GetSysctl(),
+		// Paths the container must not read or write (/proc/kcore,
+		// /proc/sys, ...): CRI fills them in unless the pod is privileged.
+		MaskedPaths:   c.spec.GetLinux().GetMaskedPaths(),
+		ReadonlyPaths: c.spec.GetLinux().GetReadonlyPaths(),
 	}
 	for _, m := range c.spec.GetMounts() {
 		cfg.Mounts = append(cfg.Mounts, initproc.Mount{Destination: m.GetDestination(), Source: m.GetSource(), Type: m.GetType(), Options: m.GetOptions()})
