@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -127,13 +128,17 @@ func hostileLog(log string) (attempts map[string]int, breaches []string) {
 }
 
 // nsDescriptors lists the open descriptors of process pid that are
-// namespaces, as "fd -> mnt:[inode]".
+// namespaces (their links read "<kind>:[inode]"), as "fd -> mnt:[inode]".
 func nsDescriptors(pid int) []string {
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
 	ents, _ := os.ReadDir(dir)
 	var out []string
 	for _, e := range ents {
-		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && strings.HasSuffix(l, "]") && strings.Contains(l, ":[") && !strings.HasPrefix(l, "socket:") && !strings.HasPrefix(l, "pipe:") && !strings.HasPrefix(l, "anon_inode:") {
+		l, err := os.Readlink(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		if kind, _, ok := strings.Cut(l, ":["); ok && slices.Contains([]string{"cgroup", "ipc", "mnt", "net", "pid", "time", "user", "uts"}, kind) {
 			out = append(out, e.Name()+" -> "+l)
 		}
 	}
