@@ -665,7 +665,7 @@ func (s *Sandbox) CreateContainer(ctx context.Context, c ContainerSpec) (err err
 		// The rootfs first: the agent resolves the root path after mounting.
 		storages = append([]*pb.Storage{root}, storages...)
 	}
-	if err := s.agent.CreateContainer(ctx, &pb.CreateContainerRequest{ContainerId: c.ID, ExecId: c.ID, OCI: spec, Storages: storages}); err != nil {
+	if err := s.agent.CreateContainer(ctx, &pb.CreateContainerRequest{ContainerId: c.ID, ExecId: c.ID, OCI: spec, Storages: storages, SandboxPidns: c.ID != s.ID && sharesPodPID(c.OCI)}); err != nil {
 		return s.Explain(fmt.Errorf("container %s: agent CreateContainer: %w", c.ID, err))
 	}
 	s.keepVolumes(c.ID, vols)

@@ -74,11 +74,30 @@ func agentSpec(s *specs.Spec, guestRoot string, readonly bool) (*pb.Spec, error)
 		out.Linux.Resources = AgentResources(s.Linux.Resources)
 		out.Linux.Seccomp = agentSeccomp(s.Linux.Seccomp)
 		for _, ns := range s.Linux.Namespaces {
-			// Namespace paths name host namespaces, meaningless in the guest.
+			// Namespace paths name host namespaces, meaningless in the
+			// guest; a PID namespace's path is read by sharesPodPID.
 			out.Linux.Namespaces = append(out.Linux.Namespaces, &pb.LinuxNamespace{Type: string(ns.Type)})
 		}
 	}
 	return out, nil
+}
+
+// sharesPodPID says whether the container joins its pod's PID namespace:
+// CRI gives a container of a pod with a shared process namespace (PID
+// mode POD) the path of the sandbox container's PID namespace, and one
+// with a namespace of its own none. In the guest the agent joins the
+// sandbox container's (the request's SandboxPidns, as Kata's runtime
+// sets it).
+func sharesPodPID(s *specs.Spec) bool {
+	if s == nil || s.Linux == nil {
+		return false
+	}
+	for _, ns := range s.Linux.Namespaces {
+		if ns.Type == specs.PIDNamespace {
+			return ns.Path != ""
+		}
+	}
+	return false
 }
 
 // guestMountTypes are the filesystems a container mount may have besides

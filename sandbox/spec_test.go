@@ -19,3 +19,21 @@ func TestProcessSpec(t *testing.T) {
 		t.Fatalf("process %+v", p)
 	}
 }
+
+func TestSharesPodPID(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		spec *specs.Spec
+		want bool
+	}{
+		{"no spec", nil, false},
+		{"no linux section", &specs.Spec{}, false},
+		{"host PID namespace (none listed)", &specs.Spec{Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.MountNamespace}}}}, false},
+		{"a PID namespace of its own", &specs.Spec{Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}}}}, false},
+		{"the pod's PID namespace", &specs.Spec{Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.NetworkNamespace, Path: "/var/run/netns/x"}, {Type: specs.PIDNamespace, Path: "/proc/42/ns/pid"}}}}, true},
+	} {
+		if got := sharesPodPID(tc.spec); got != tc.want {
+			t.Errorf("%s: sharesPodPID %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -37,11 +37,14 @@ log() { echo "guest-build: $*" >&2; }
 # Top-level modules; their dependencies come from modules.dep. crc32c is a
 # soft dependency of ext4 (metadata_csum) that modules.dep does not list, and
 # without modprobe in the guest the kernel cannot request it later. virtio_net
-# brings net_failover and failover through modules.dep.
+# brings net_failover and failover through modules.dep. bridge (with stp and
+# llc) is what guest/kernel's kernel builds in: a privileged container that
+# makes a bridge (brctl addbr, as CRI's conformance suite does) needs it
+# loaded, and the guest has no modprobe for the kernel to ask.
 # The channel modules load first: the agent serves as soon as they are in and
 # loads the storage modules meanwhile (the marker line tells it where).
 CHANNEL_MODULES="virtio_pci virtio_console vmw_vsock_virtio_transport"
-STORAGE_MODULES="virtio_blk virtiofs 9p 9pnet_virtio crc32c_generic crc32c-intel ext4 overlay virtio_net"
+STORAGE_MODULES="virtio_blk virtiofs 9p 9pnet_virtio crc32c_generic crc32c-intel ext4 overlay virtio_net bridge"
 CHANNELS_MARKER="#channels-ready"
 
 # --- inputs and cache key ---------------------------------------------------

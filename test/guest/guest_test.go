@@ -357,7 +357,8 @@ func TestGuestAgent(t *testing.T) {
 
 func testGuest(t *testing.T, kit, fsName, driver, fstype string) {
 	share := t.TempDir()
-	for _, cid := range []string{"c1", "c2", "c3"} {
+	sandboxID := "sb-" + fsName
+	for _, cid := range []string{"c1", "c2", "c3", "c5", sandboxID} {
 		makeRootfs(t, share, cid)
 	}
 	blkImage := makeExt4Rootfs(t, share)
@@ -385,7 +386,7 @@ func testGuest(t *testing.T, kit, fsName, driver, fstype string) {
 
 	err = c.CreateSandbox(ctx, &pb.CreateSandboxRequest{
 		Hostname:  "sandbox",
-		SandboxId: "sb-" + fsName,
+		SandboxId: sandboxID,
 		Storages: []*pb.Storage{
 			{Driver: driver, Source: "kataShared", Fstype: fstype, MountPoint: sharedMount},
 			{Driver: "ephemeral", Source: "shm", Fstype: "tmpfs", MountPoint: "/run/kata-containers/sandbox/shm"},
@@ -523,6 +524,41 @@ func testGuest(t *testing.T, kit, fsName, driver, fstype string) {
 		}
 		if err := c.RemoveContainer(ctx, "c4", 10*time.Second); err != nil {
 			t.Error(err)
+		}
+	}
+
+	// The pod's PID namespace, as CRI asks for it (PID mode POD): the
+	// sandbox container, whose id is the sandbox's, runs in a PID
+	// namespace of its own; c5, created with SandboxPidns, joins it and
+	// sees the sandbox container's init as PID 1, not itself.
+	if err := c.CreateContainer(ctx, containerRequest(sandboxID, "", "/bin/sleep", "600")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartContainer(ctx, sandboxID); err != nil {
+		t.Fatal(err)
+	}
+	req := containerRequest("c5", "", "/bin/sh", "-c", "tr '\\0' ' ' </proc/1/cmdline; echo; echo $$")
+	req.SandboxPidns = true
+	if err := c.CreateContainer(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut = readAll(ctx, c, "c5", "")
+	if err := c.StartContainer(ctx, "c5"); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := c.WaitProcess(ctx, "c5", ""); err != nil || st != 0 {
+		t.Errorf("c5 (the pod's PID namespace): status %d, %v; stderr %q", st, err, <-errOut)
+	} else if stdout := <-out; !strings.HasPrefix(stdout, "/bin/sleep 600 \n") || strings.HasSuffix(stdout, "\n1\n") {
+		t.Errorf("c5 joined the pod's PID namespace, yet PID 1 and its own PID read %q; want the sandbox container's /bin/sleep 600 as PID 1 and c5 not", stdout)
+	}
+	if err := c.SignalProcess(ctx, sandboxID, "", syscall.SIGKILL); err != nil {
+		t.Error(err)
+	} else if st, err := c.WaitProcess(ctx, sandboxID, ""); err != nil || st != 137 {
+		t.Errorf("sandbox container after SIGKILL: %d, %v; want 137", st, err)
+	}
+	for _, cid := range []string{"c5", sandboxID} {
+		if err := c.RemoveContainer(ctx, cid, 10*time.Second); err != nil {
+			t.Errorf("remove %s: %v", cid, err)
 		}
 	}
 

@@ -214,12 +214,36 @@ func (p *Process) ExecID() string { return p.execID }
 
 // StartInit starts cmd, a container-init helper, as the process: on a
 // terminal the helper opens in the container when withTerminal is set,
-// else on stdio pipes.
-func (p *Process) StartInit(cmd *exec.Cmd, withTerminal bool) error {
-	if withTerminal {
-		return startInitTerminal(p, cmd)
+// else on stdio pipes. With pidNS (an open PID namespace) not nil, the
+// helper starts in that namespace, and cmd's clone flags must not ask
+// for a new one.
+func (p *Process) StartInit(cmd *exec.Cmd, withTerminal bool, pidNS *os.File) error {
+	start := cmd.Start
+	if pidNS != nil {
+		start = func() error { return inPIDNamespace(pidNS, cmd.Start) }
 	}
-	return p.start(cmd, cmd.Start)
+	if withTerminal {
+		return startInitTerminal(p, cmd, start)
+	}
+	return p.start(cmd, start)
+}
+
+// inPIDNamespace runs start on an OS thread of its own whose children go
+// to the PID namespace ns: setns of a PID namespace changes only where a
+// thread's children are born.
+func inPIDNamespace(ns *os.File, start func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// No UnlockOSThread: the thread's children would go on being born
+		// in ns, so the runtime must discard it when we return.
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWPID); err != nil {
+			errc <- fmt.Errorf("join the pod's PID namespace: %w", err)
+			return
+		}
+		errc <- start()
+	}()
+	return <-errc
 }
 
 // StartExec starts cmd, an exec helper, as the process inside the

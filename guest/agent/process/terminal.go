@@ -153,7 +153,7 @@ func (p *Process) resizeTerminal(rows, cols uint32) error {
 // startInitTerminal starts the container-init helper of a container whose
 // process has a terminal: the helper opens the pty in the container and
 // hands the master back over a socket at initproc.ConsoleFd.
-func startInitTerminal(p *Process, cmd *exec.Cmd) error {
+func startInitTerminal(p *Process, cmd *exec.Cmd, start func() error) error {
 	if len(cmd.ExtraFiles) != initproc.ConsoleFd-3 {
 		return fmt.Errorf("terminal: the console socket must be fd %d, the helper has %d extra files", initproc.ConsoleFd, len(cmd.ExtraFiles))
 	}
@@ -164,7 +164,7 @@ func startInitTerminal(p *Process, cmd *exec.Cmd) error {
 	defer agentEnd.Close()
 	cmd.ExtraFiles = append(cmd.ExtraFiles, helperEnd)
 	return p.startTerminal(cmd, func() (*os.File, error) {
-		err := cmd.Start()
+		err := start()
 		// Only the helper holds its end now: its exit ends the wait below.
 		helperEnd.Close()
 		if err != nil {

@@ -77,6 +77,40 @@ type container struct {
 	// signals that arrive during its start-up (awaitHandler).
 	startedAt atomic.Int64
 	execs     map[string]*process.Process
+	// podPID: the container joins the PID namespace of the pod's sandbox
+	// container instead of the one its spec asks for.
+	podPID bool
+}
+
+// ownPIDNamespace says whether the container's init is PID 1 of a PID
+// namespace of its own.
+func (c *container) ownPIDNamespace() bool {
+	return !c.podPID && cloneFlags(c.spec)&unix.CLONE_NEWPID != 0
+}
+
+// startFlags are cloneFlags, without a new PID namespace for a container
+// that joins its pod's.
+func (c *container) startFlags() uintptr {
+	if c.podPID {
+		return cloneFlags(c.spec) &^ unix.CLONE_NEWPID
+	}
+	return cloneFlags(c.spec)
+}
+
+// podPIDNamespace opens the PID namespace of the pod's sandbox container
+// (the container whose id is the sandbox's) for container id to join.
+func (a *Agent) podPIDNamespace(id string) (*os.File, error) {
+	a.mu.Lock()
+	sb, ok := a.containers[a.sandboxID]
+	a.mu.Unlock()
+	if !ok || !sb.init.Running() {
+		return nil, status.Errorf(codes.FailedPrecondition, "container %s shares the pod's PID namespace, and the pod's sandbox container %s is not running", id, a.sandboxID)
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/pid", sb.init.Pid()))
+	if err != nil {
+		return nil, fmt.Errorf("container %s: the PID namespace of sandbox container %s: %w", id, a.sandboxID, err)
+	}
+	return f, nil
 }
 
 // New returns an agent with no sandbox yet; its storage and network calls
@@ -266,6 +300,7 @@ func (a *Agent) CreateContainer(ctx context.Context, req *pb.CreateContainerRequ
 		init:     process.New(execID),
 		cgroup:   cg,
 		execs:    map[string]*process.Process{},
+		podPID:   req.GetSandboxPidns() && id != a.sandboxID,
 	}
 	return &emptypb.Empty{}, nil
 }
@@ -340,6 +375,14 @@ func (a *Agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 		return nil, err
 	}
 	defer syncR.Close()
+	var podPID *os.File
+	if c.podPID {
+		if podPID, err = a.podPIDNamespace(c.id); err != nil {
+			syncW.Close()
+			return nil, err
+		}
+		defer podPID.Close()
+	}
 	cmd := &exec.Cmd{
 		// Ourselves, wherever we were started from: /init of the
 		// initramfs, /sbin/init of the image.
@@ -348,7 +391,7 @@ func (a *Agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 		Env:        []string{initproc.ConfigEnv + "=" + string(blob)},
 		ExtraFiles: []*os.File{syncW},
 		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags: cloneFlags(c.spec),
+			Cloneflags: c.startFlags(),
 			Setsid:     true,
 			// clone3 straight into the container's cgroup: nothing of the
 			// container runs outside its limits.
@@ -356,7 +399,7 @@ func (a *Agent) StartContainer(ctx context.Context, req *pb.StartContainerReques
 			CgroupFD:    c.cgroup.FD(),
 		},
 	}
-	err = p.StartInit(cmd, cfg.Terminal)
+	err = p.StartInit(cmd, cfg.Terminal, podPID)
 	syncW.Close()
 	if err != nil {
 		return nil, fmt.Errorf("container %s: start init: %w", c.id, err)
@@ -524,7 +567,7 @@ func (a *Agent) SignalProcess(_ context.Context, req *pb.SignalProcessRequest) (
 	if !p.Running() {
 		return &emptypb.Empty{}, nil
 	}
-	if started := c.startedAt.Load(); p == c.init && started != 0 && cloneFlags(c.spec)&unix.CLONE_NEWPID != 0 {
+	if started := c.startedAt.Load(); p == c.init && started != 0 && c.ownPIDNamespace() {
 		awaitHandler(p.Pid(), syscall.Signal(sig), time.Unix(0, started), p.Done())
 	}
 	if err := p.Signal(syscall.Signal(sig)); err != nil {
