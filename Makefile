@@ -180,7 +180,8 @@ bench-density: build guest
 # imagefs-blk metadata must be built once, nothing may be left; the start
 # times go to docs/reliability.md between its stress markers. Needs root,
 # containerd, docker-registry and the guest kit; a round of the three
-# kinds takes about 4.5 min on 2 cores under TCG, so 10 rounds about 45 min.
+# kinds takes about 7 min on 2 cores under TCG (each kind's pods start
+# twice: the image new, then in the store), so 10 rounds about 70 min.
 # Not part of `make test` (the test skips without KATA_FSX_STRESS_ROUNDS);
 # STRESS_ROUNDS=2 is the CI-sized run.
 STRESS_PODS   ?= 8
@@ -190,15 +191,16 @@ stress: build guest
 	KATA_FSX_GUEST_DIR=$(GUESTDIR) KATA_FSX_STRESS_PODS=$(STRESS_PODS) KATA_FSX_STRESS_ROUNDS=$(STRESS_ROUNDS) \
 	  KATA_FSX_STRESS_REPORT=$(TOP)/docs/reliability.md $(GO) test -count=1 -timeout 240m -run '^TestStressNewImagePods$$' -v ./test/e2e
 
-# The fault suite: TestFaultLoop's 30 pod lifecycles, each with one of
+# The fault suite: TestFaultLoop's 36 pod lifecycles, each with one of
 # the pod's shim, QEMU, virtiofsd or containerd SIGKILLed at a random
-# point of create, start, exec or delete (FAULT_SEED replays a run; the
-# log prints the seed), writing its counts into docs/reliability.md
+# point of create, start, exec or delete, every third pod on the kata-fsx
+# snapshotter, which is then the one killed (FAULT_SEED replays a run;
+# the log prints the seed), writing its counts into docs/reliability.md
 # between the faults markers. Needs root, containerd and the guest kit
-# (make guest); ~15 min (about 30 s a lifecycle) on 2 shared cores
+# (make guest); ~20 min (about 30 s a lifecycle) on 2 shared cores
 # under TCG, so make test runs no part of it (TestFaultLoop skips unless
 # KATA_FSX_FAULT_LIFECYCLES is set).
-FAULT_LIFECYCLES ?= 30
+FAULT_LIFECYCLES ?= 36
 FAULT_SEED       ?=
 .PHONY: faults
 faults: build
