@@ -18,22 +18,23 @@ import (
 	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
-// The fault suite: pods whose shim, QEMU, virtiofsd or containerd is
-// killed with SIGKILL at some point of their life, cleaned up the way an
-// operator would, and nothing of them left afterwards.
+// The fault suite: pods whose shim, QEMU, virtiofsd, containerd or
+// kata-fsx snapshotter is killed with SIGKILL at some point of their
+// life, cleaned up the way an operator would, and nothing of them left
+// afterwards.
 
-// Targets a fault can kill. The kata-fsx snapshotter is not among them:
-// the pods here run on containerd's own overlayfs snapshotter through
-// ctr, and a proxy snapshotter needs the CRI set-up of TestSnapshotterCRI.
+// Targets a fault can kill. The snapshotter is killed only in the
+// lifecycles whose pods take their rootfs from it (every third).
 const (
-	faultShim       = "shim"
-	faultQEMU       = "qemu"
-	faultVirtiofsd  = "virtiofsd"
-	faultContainerd = "containerd"
+	faultShim        = "shim"
+	faultQEMU        = "qemu"
+	faultVirtiofsd   = "virtiofsd"
+	faultContainerd  = "containerd"
+	faultSnapshotter = "snapshotter"
 )
 
 var (
-	faultTargets = []string{faultShim, faultQEMU, faultVirtiofsd, faultContainerd}
+	faultTargets = []string{faultShim, faultQEMU, faultVirtiofsd, faultContainerd, faultSnapshotter}
 	faultPhases  = []string{"create", "start", "exec", "delete"}
 )
 
@@ -58,12 +59,23 @@ type faultKill struct {
 	reason   string
 	// named: the reason names what was killed.
 	named bool
+	// logReason is the first line of containerd's log (where shims log)
+	// about this pod, from the kill on, that names what was killed: where
+	// an operator looks when ctr only says that the task stopped.
+	logReason string
+	// snapshotter: the pod's rootfs came from the kata-fsx snapshotter.
+	snapshotter bool
+	// keptRunning: containerd or the snapshotter died after the pod was
+	// running, and the pod ran on (shims outlive containerd, and a
+	// mounted rootfs no longer needs its snapshotter): not a failed pod.
+	keptRunning bool
 }
 
 // faultTargetsFor is what a lifecycle on backend may kill: every target
 // that backend runs, narrowed to KATA_FSX_FAULT_TARGETS (a comma list)
-// when set, to replay one kind of fault.
-func faultTargetsFor(t *testing.T, backend string) []string {
+// when set, to replay one kind of fault. The snapshotter is a target only
+// of the lifecycles whose pods run on it, and their only one.
+func faultTargetsFor(t *testing.T, backend string, onSnapshotter bool) []string {
 	only := map[string]bool{}
 	if v := os.Getenv("KATA_FSX_FAULT_TARGETS"); v != "" {
 		for _, name := range strings.Split(v, ",") {
@@ -73,9 +85,12 @@ func faultTargetsFor(t *testing.T, backend string) []string {
 			only[name] = true
 		}
 	}
+	if onSnapshotter {
+		return []string{faultSnapshotter}
+	}
 	var targets []string
 	for _, name := range faultTargets {
-		if name == faultVirtiofsd && backend != "virtio-fs" {
+		if name == faultVirtiofsd && backend != "virtio-fs" || name == faultSnapshotter {
 			continue
 		}
 		if len(only) == 0 || only[name] {
@@ -83,10 +98,26 @@ func faultTargetsFor(t *testing.T, backend string) []string {
 		}
 	}
 	if len(targets) == 0 {
-		// virtiofsd alone: an imagefs-blk pod kills its shim instead.
+		// virtiofsd or the snapshotter alone: a pod that has neither
+		// kills its shim instead.
 		targets = []string{faultShim}
 	}
 	return targets
+}
+
+// faultOnSnapshotter says whether lifecycle i's pod takes its rootfs from
+// the kata-fsx snapshotter: every third, unless KATA_FSX_FAULT_TARGETS
+// leaves the snapshotter out (or names it alone: then every one).
+func faultOnSnapshotter(i int) bool {
+	v := os.Getenv("KATA_FSX_FAULT_TARGETS")
+	if v == "" {
+		return i%3 == 2
+	}
+	names := strings.Split(v, ",")
+	if !slices.Contains(names, faultSnapshotter) {
+		return false
+	}
+	return len(names) == 1 || i%3 == 2
 }
 
 // faultEnvInt reads a positive integer setting from the environment.
@@ -102,13 +133,17 @@ func faultEnvInt(t *testing.T, name string, def int64) int64 {
 	return n
 }
 
-// TestFaultLoop runs KATA_FSX_FAULT_LIFECYCLES pod lifecycles, alternating virtio-fs and imagefs-blk, and SIGKILLs one of the
-// pod's shim, QEMU, virtiofsd (virtio-fs pods) or containerd at a random
-// point of create, start, exec or delete, chosen by a seeded generator
+// TestFaultLoop runs KATA_FSX_FAULT_LIFECYCLES pod lifecycles,
+// alternating virtio-fs and imagefs-blk, every third with its rootfs from
+// the kata-fsx snapshotter (a proxy snapshotter of containerd), and
+// SIGKILLs one of the pod's shim, QEMU, virtiofsd (virtio-fs pods) or
+// containerd, or the snapshotter in its lifecycles, at a random point of
+// create, start, exec or delete, chosen by a seeded generator
 // (KATA_FSX_FAULT_SEED replays a run). Each time: ctr reports the pod
-// failed (a dead containerd fails the command in flight; the pod itself
-// may outlive it, as shims outlive containerd by design), containerd is
-// restarted on the same root and state if it was the one killed,
+// failed (a dead containerd or snapshotter fails the command in flight;
+// the pod itself outlives them, as shims outlive containerd by design),
+// containerd or the snapshotter is restarted on the same root and state
+// if it was the one killed,
 // `ctr task delete -f` and `ctr container rm` clean up, and nothing of the
 // pod is left: no process, mount, sandbox or bundle directory, shim
 // socket. Pods of later lifecycles start. After the loop no process,
@@ -130,14 +165,26 @@ func TestFaultLoop(t *testing.T) {
 	rng := rand.New(rand.NewSource(seed))
 
 	netnsBefore, tapsBefore, shmBefore := netnsNames(), hostTaps(), guestRAMFiles()
-	ce := newContainerdEnv(t)
+	// The snapshotter's socket outside the env's directory: sun_path
+	// holds 107 bytes.
+	snapDir, err := os.MkdirTemp("/tmp", "kfsnap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(snapDir) })
+	snapSock := filepath.Join(snapDir, "snap.sock")
+	var snap *snapshotterProc
+	ce := newContainerdEnvWith(t, func() *env { return newEnv(t, `enable_annotations = ["shared_fs"]`) },
+		map[string]string{"kata-fsx": snapSock},
+		func(e *env) { snap = startSnapshotter(t, e.config, snapSock, filepath.Join(e.dir, "snapshotter")) })
 	began := time.Now()
 	var kills []faultKill
 	started, startedAfterKill := 0, 0
 	leftovers := 0
 	for i := 0; i < n; i++ {
 		backend := []string{"virtio-fs", "imagefs-blk"}[i%2]
-		targets := faultTargetsFor(t, backend)
+		onSnap := faultOnSnapshotter(i)
+		targets := faultTargetsFor(t, backend, onSnap)
 		plan := faultPlan{
 			target: targets[rng.Intn(len(targets))],
 			phase:  faultPhases[rng.Intn(len(faultPhases))],
@@ -145,7 +192,11 @@ func TestFaultLoop(t *testing.T) {
 			delay:  rng.Float64(),
 		}
 		id := fmt.Sprintf("fault%02d", i)
-		k, ran := ce.faultLifecycle(t, i, id, backend, plan)
+		var sp *snapshotterProc
+		if onSnap {
+			sp = snap
+		}
+		k, ran := ce.faultLifecycle(t, i, id, backend, plan, sp)
 		kills = append(kills, k)
 		if ran {
 			started++
@@ -164,12 +215,16 @@ func TestFaultLoop(t *testing.T) {
 				return len(left) == 0, nil
 			})
 		}
+		if onSnap {
+			left = append(left, ce.snapshotsOf(id)...)
+		}
 		if len(left) > 0 {
 			leftovers += len(left)
 			t.Errorf("lifecycle %d (%s, %s killed at %s/%s): left behind:\n  %s", i, backend, k.target, k.phase, k.point, strings.Join(left, "\n  "))
 		}
-		t.Logf("lifecycle %d: %s pod, %s killed %s %s%s; reported=%v named=%v reason=%q; pod ran=%v; %d left",
-			i, backend, k.target, k.point, k.phase, map[bool]string{true: " (missed: already gone)"}[k.missed], k.reported, k.named, k.reason, ran, len(left))
+		t.Logf("lifecycle %d: %s pod%s, %s killed %s %s%s; reported=%v named=%v reason=%q log=%q; pod ran=%v; %d left",
+			i, backend, map[bool]string{true: " on the snapshotter"}[onSnap], k.target, k.point, k.phase, map[bool]string{true: " (missed: already gone)"}[k.missed],
+			k.reported, k.named, k.reason, k.logReason, ran, len(left))
 	}
 
 	// A healthy pod on each backend after the loop: the host is usable.
@@ -194,7 +249,7 @@ func TestFaultLoop(t *testing.T) {
 	var left []string
 	if pids := processesMentioning(ce.dir); len(pids) > 0 {
 		for _, p := range pids {
-			if p != ce.cmd.Process.Pid {
+			if p != ce.cmd.Process.Pid && p != snap.cmd.Process.Pid {
 				left = append(left, "process "+describeProcess(p))
 			}
 		}
@@ -224,16 +279,18 @@ func TestFaultLoop(t *testing.T) {
 	for s := range socketsIn(ce.sockDir) {
 		left = append(left, "shim socket "+s)
 	}
+	left = append(left, ce.snapshotsOf("")...)
 	if len(left) > 0 {
 		leftovers += len(left)
 		t.Errorf("after %d lifecycles, left behind:\n  %s", n, strings.Join(left, "\n  "))
 	}
 
 	// A kill of the shim, QEMU or virtiofsd before the pod's delete must
-	// fail the pod visibly; containerd's death fails only the command in
-	// flight, and a kill during delete races a pod that is going anyway.
+	// fail the pod visibly; containerd's or the snapshotter's death fails
+	// only the command in flight, and a kill during delete races a pod
+	// that is going anyway.
 	for _, k := range kills {
-		if !k.missed && !k.reported && k.target != faultContainerd && k.phase != "delete" {
+		if !k.missed && !k.reported && k.target != faultContainerd && k.target != faultSnapshotter && k.phase != "delete" {
 			t.Errorf("lifecycle %d: %s killed %s %s, yet ctr never reported the pod failed", k.lifecycle, k.target, k.point, k.phase)
 		}
 	}
@@ -310,12 +367,24 @@ func (ce *containerdEnv) targetPids(id, target string) []int {
 // SIGKILLs plan's target at plan's point, then has the failure reported,
 // restarts containerd if it died and cleans up as an operator would. ran
 // says the pod reached RUNNING.
-func (ce *containerdEnv) faultLifecycle(t *testing.T, i int, id, backend string, plan faultPlan) (k faultKill, ran bool) {
+func (ce *containerdEnv) faultLifecycle(t *testing.T, i int, id, backend string, plan faultPlan, snap *snapshotterProc) (k faultKill, ran bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	k = faultKill{lifecycle: i, backend: backend, target: plan.target}
+	k = faultKill{lifecycle: i, backend: backend, target: plan.target, snapshotter: snap != nil}
 	var outputs []string
 	killed := false
+	logFrom := ce.logLen()
+	targetPids := func() []int {
+		if plan.target != faultSnapshotter {
+			return ce.targetPids(id, plan.target)
+		}
+		select {
+		case <-snap.exited:
+			return nil
+		default:
+			return []int{snap.cmd.Process.Pid}
+		}
+	}
 
 	// kill delivers the signal and records where the pod was.
 	kill := func(phase, point string, inFlight <-chan result) {
@@ -339,7 +408,8 @@ func (ce *containerdEnv) faultLifecycle(t *testing.T, i int, id, backend string,
 			}
 		}
 		k.phase, k.point = phase, point
-		pids := ce.targetPids(id, plan.target)
+		logFrom = ce.logLen()
+		pids := targetPids()
 		if len(pids) == 0 {
 			k.missed = true
 		}
@@ -351,7 +421,7 @@ func (ce *containerdEnv) faultLifecycle(t *testing.T, i int, id, backend string,
 	// waitKill waits for the target of a phase in flight to exist, then
 	// for the random part of the phase's delay range, and kills.
 	waitKill := func(phase string, maxDelay time.Duration, inFlight <-chan result) {
-		for len(ce.targetPids(id, plan.target)) == 0 && len(inFlight) == 0 && ctx.Err() == nil {
+		for len(targetPids()) == 0 && len(inFlight) == 0 && ctx.Err() == nil {
 			time.Sleep(20 * time.Millisecond)
 		}
 		if phase == "start" {
@@ -374,8 +444,11 @@ func (ce *containerdEnv) faultLifecycle(t *testing.T, i int, id, backend string,
 	if plan.phase == "create" && plan.before && plan.target == faultContainerd {
 		kill("create", "before", nil)
 	}
-	run := ce.ctrAsync(ctx, ce.runArgs("-d", "--annotation", "io.katacontainers.config.hypervisor.shared_fs="+backend,
-		ce.image, id, "/bin/sleep", "600")...)
+	runArgs := []string{"-d", "--annotation", "io.katacontainers.config.hypervisor.shared_fs=" + backend}
+	if snap != nil {
+		runArgs = append(runArgs, "--snapshotter", "kata-fsx")
+	}
+	run := ce.ctrAsync(ctx, ce.runArgs(append(runArgs, ce.image, id, "/bin/sleep", "600")...)...)
 	if !killed && (plan.phase == "create" || plan.phase == "start") {
 		max := time.Second
 		if plan.phase == "start" {
@@ -408,6 +481,11 @@ func (ce *containerdEnv) faultLifecycle(t *testing.T, i int, id, backend string,
 		}
 		r := <-ex
 		collect(r)
+		if plan.target == faultSnapshotter && ran && (r.code != 0 || r.stdout != "done\n") {
+			// A running pod's rootfs is mounted: the snapshotter is not
+			// on its path any more.
+			t.Errorf("lifecycle %d: the snapshotter killed %s exec: the exec in the running pod failed: exit %d %q %q", i, k.point, r.code, r.stdout, r.stderr)
+		}
 	}
 
 	// delete: the operator's forced delete of a running task.
@@ -423,14 +501,37 @@ func (ce *containerdEnv) faultLifecycle(t *testing.T, i int, id, backend string,
 		collect(r)
 	}
 
-	if plan.target == faultContainerd {
+	switch {
+	case plan.target == faultContainerd:
 		// The command in flight saw its containerd die; bring it back on
 		// the same root and state, as systemd would.
 		if !k.missed {
 			<-ce.exited
 		}
 		ce.startDaemon(t)
-	} else if !k.missed && k.phase != "delete" {
+	case plan.target == faultSnapshotter:
+		// The same for the snapshotter, before the cleanup needs it to
+		// remove the pod's snapshot. A pod that was running still is.
+		if !k.missed {
+			<-snap.exited
+		}
+		if ran && k.phase != "delete" {
+			if st := ce.taskStatus(ctx, id); st != "RUNNING" {
+				t.Errorf("lifecycle %d: the snapshotter killed %s %s; the running pod's task is %q, want RUNNING", i, k.point, k.phase, st)
+			}
+		}
+		os.Remove(snap.args[4])
+		snap.start()
+		// containerd's client of a proxy snapshotter backs off between
+		// reconnections (grpc's, up to 2 min): until it is back, calls
+		// fail fast with "connection refused", as after a restart on a
+		// node. The loop goes on once containerd reaches it again.
+		if err := testenv.Wait(3*time.Minute, func() (bool, error) {
+			return ce.ctr(ctx, "snapshots", "--snapshotter", "kata-fsx", "ls").code == 0, nil
+		}); err != nil {
+			t.Errorf("lifecycle %d: containerd did not reach the restarted snapshotter in 3 min: %v", i, err)
+		}
+	case !k.missed && k.phase != "delete":
 		// The shim notices a dead VM or virtiofsd and exits the task; a
 		// dead shim's task is dropped from the list.
 		wctx, wcancel := context.WithTimeout(ctx, time.Minute)
@@ -449,7 +550,15 @@ func (ce *containerdEnv) faultLifecycle(t *testing.T, i int, id, backend string,
 		}
 		wcancel()
 	}
-	outputs = append(outputs, ce.operatorCleanup(ctx, id)...)
+	if (plan.target == faultContainerd || plan.target == faultSnapshotter) && ran && !k.missed && k.phase != "delete" &&
+		ce.taskStatus(ctx, id) == "RUNNING" {
+		k.keptRunning = true
+	}
+	// The forced delete of a pod that ran on kills it (exit 137): the
+	// operator's doing, not a failure.
+	if cleanup := ce.operatorCleanup(ctx, id); !k.keptRunning {
+		outputs = append(outputs, cleanup...)
+	}
 	for _, o := range outputs {
 		if o == "task still RUNNING a minute after the kill" {
 			continue
@@ -461,7 +570,61 @@ func (ce *containerdEnv) faultLifecycle(t *testing.T, i int, id, backend string,
 		k.reason += o
 	}
 	k.named = !k.missed && k.reported && namesTarget(plan.target, k.reason)
+	if !k.missed {
+		k.logReason = ce.logNaming(logFrom, id, plan.target)
+	}
 	return k, ran
+}
+
+// logLen is how much containerd has logged so far, an offset for
+// logNaming.
+func (ce *containerdEnv) logLen() int {
+	ce.logMu.Lock()
+	defer ce.logMu.Unlock()
+	return ce.log.Len()
+}
+
+// logNaming is the message and error of the first warning or error line
+// of containerd's log after offset from that mentions pod id and names
+// target, "" when there is none.
+func (ce *containerdEnv) logNaming(from int, id, target string) string {
+	ce.logMu.Lock()
+	text := string(ce.log.Bytes()[min(from, ce.log.Len()):])
+	ce.logMu.Unlock()
+	field := regexp.MustCompile(`\b(msg|error)="((?:[^"\\]|\\.)*)"`)
+	for _, l := range strings.Split(text, "\n") {
+		if !strings.Contains(l, id) || !(strings.Contains(l, "level=error") || strings.Contains(l, "level=warning")) {
+			continue
+		}
+		var said []string
+		for _, m := range field.FindAllStringSubmatch(l, -1) {
+			said = append(said, m[2])
+		}
+		if r := strings.Join(said, ": "); namesTarget(target, r) {
+			return r
+		}
+	}
+	return ""
+}
+
+// snapshotsOf lists the kata-fsx snapshotter's active snapshots whose key
+// is id (a container's rootfs under ctr), or every active one when id is
+// "".
+func (ce *containerdEnv) snapshotsOf(id string) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r := ce.ctr(ctx, "snapshots", "--snapshotter", "kata-fsx", "ls")
+	if r.code != 0 {
+		return []string{fmt.Sprintf("snapshots: ctr snapshots ls: exit %d %s", r.code, r.stderr)}
+	}
+	var left []string
+	for _, l := range strings.Split(r.stdout, "\n")[1:] {
+		f := strings.Fields(l)
+		if len(f) >= 2 && f[len(f)-1] == "Active" && (id == "" || f[0] == id) {
+			left = append(left, "snapshot "+f[0])
+		}
+	}
+	return left
 }
 
 // operatorCleanup is what an operator does with a failed pod: a forced
@@ -502,10 +665,11 @@ func (ce *containerdEnv) operatorCleanup(ctx context.Context, id string) []strin
 func namesTarget(target, reason string) bool {
 	r := strings.ToLower(reason)
 	words := map[string][]string{
-		faultQEMU:       {"qemu", " vm ", "hypervisor"},
-		faultVirtiofsd:  {"virtiofsd"},
-		faultShim:       {"shim", "ttrpc: closed", "connection reset"},
-		faultContainerd: {"containerd.sock", "connection refused", "error reading from server: eof", "transport is closing", "unavailable"},
+		faultQEMU:        {"qemu", " vm ", "hypervisor"},
+		faultVirtiofsd:   {"virtiofsd"},
+		faultShim:        {"shim", "ttrpc: closed", "connection reset"},
+		faultContainerd:  {"containerd.sock", "connection refused", "error reading from server: eof", "transport is closing", "unavailable"},
+		faultSnapshotter: {"snapshotter", "snap.sock"},
 	}[target]
 	for _, w := range words {
 		if strings.Contains(r, w) {
@@ -562,8 +726,14 @@ func guestRAMFiles() map[string]bool {
 // faultTable renders the run's counts as markdown.
 func faultTable(seed int64, n int, took time.Duration, kills []faultKill, started, startedAfter, leftovers int) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "`make faults`: TestFaultLoop, seed %d, %d pod lifecycles alternating virtio-fs and imagefs-blk, in %s; one SIGKILL each.\n\n",
-		seed, n, took.Round(time.Second))
+	onSnap := 0
+	for _, k := range kills {
+		if k.snapshotter {
+			onSnap++
+		}
+	}
+	fmt.Fprintf(&b, "`make faults`: TestFaultLoop, seed %d, %d pod lifecycles alternating virtio-fs and imagefs-blk, %d of them with their rootfs from the kata-fsx snapshotter (and the snapshotter their target), in %s; one SIGKILL each.\n\n",
+		seed, n, onSnap, took.Round(time.Second))
 	b.WriteString("Kills by target and the phase the pod was in (during the phase's ctr command / between phases, before its command or after it completed; missed = the target had already exited):\n\n")
 	b.WriteString("| target | create | start | exec | delete | missed | total |\n|---|---|---|---|---|---|---|\n")
 	for _, tg := range faultTargets {
@@ -594,37 +764,41 @@ func faultTable(seed int64, n int, took time.Duration, kills []faultKill, starte
 		}
 		fmt.Fprintf(&b, " %d | %d |\n", missed, total+missed)
 	}
-	b.WriteString("\nFailed pods, as ctr reported them (kills that were not missed; a kill during delete races a pod on its way out, whose delete may then succeed, and a dead containerd fails only the ctr command in flight):\n\n")
-	b.WriteString("| target | reported failed | reason names it | not reported |\n|---|---|---|---|\n")
+	b.WriteString("\nFailed pods, as ctr reported them (kills that were not missed; a kill during delete races a pod on its way out, whose delete may then succeed, and a dead containerd or snapshotter fails only the ctr command in flight, the pod running on: \"pod ran on\", checked with the task's status, and for the snapshotter with an exec). \"ctr names it\": ctr's words name what died; \"or containerd's log\": they do, or a warning or error of containerd's log about the pod (where the shim logs) does, which is where an operator looks when ctr says only that the task stopped:\n\n")
+	b.WriteString("| target | reported failed | ctr names it | ctr or containerd's log names it | not reported | pod ran on |\n|---|---|---|---|---|---|\n")
 	for _, tg := range faultTargets {
-		rep, named, not := 0, 0, 0
+		rep, named, logNamed, not, ranOn := 0, 0, 0, 0, 0
 		for _, k := range kills {
 			if k.target != tg || k.missed {
 				continue
 			}
-			if k.reported {
+			if k.keptRunning {
+				ranOn++
+			}
+			switch {
+			case k.reported:
 				rep++
-			} else {
+			case !k.keptRunning:
 				not++
 			}
 			if k.named {
 				named++
 			}
+			if k.reported && (k.named || k.logReason != "") {
+				logNamed++
+			}
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d |\n", tg, rep, named, not)
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d |\n", tg, rep, named, logNamed, not, ranOn)
 	}
-	reasons := map[string]int{}
+	reasons, logReasons := map[string]int{}, map[string]int{}
 	// Pod ids and pids differ from run to run; exit codes do not.
 	logPrefix := regexp.MustCompile(`time="[^"]*" level=\w+ `)
-	tmpPath := regexp.MustCompile(`/tmp/TestFaultLoop[^\s"\\]*`)
+	tmpPath := regexp.MustCompile(`/tmp/(TestFaultLoop|kfs)[^\s"\\]*`)
 	num := regexp.MustCompile(`\bfault\d+|\b[0-9a-f]{12,}\b|pid \d+|\bx\.\d+`)
-	for _, k := range kills {
-		if k.missed || !k.reported {
-			continue
-		}
+	oneLine := func(r string) string {
 		// One table line each: ctr's log prefix, the run's temporary
 		// paths, newlines and the guest console's control characters go.
-		r := logPrefix.ReplaceAllString(k.reason, "")
+		r = logPrefix.ReplaceAllString(r, "")
 		r = tmpPath.ReplaceAllString(r, "…")
 		r = strings.Join(strings.Fields(strings.Map(func(c rune) rune {
 			if c < ' ' {
@@ -635,17 +809,36 @@ func faultTable(seed int64, n int, took time.Duration, kills []faultKill, starte
 		if rs := []rune(r); len(rs) > 160 {
 			r = string(rs[:160]) + "…"
 		}
-		r = num.ReplaceAllString(strings.ReplaceAll(r, "|", "/"), "…")
-		reasons[k.target+": "+r]++
+		return num.ReplaceAllString(strings.ReplaceAll(r, "|", "/"), "…")
 	}
-	keys := make([]string, 0, len(reasons))
-	for r := range reasons {
-		keys = append(keys, r)
+	for _, k := range kills {
+		if k.missed || !k.reported {
+			continue
+		}
+		reasons[k.target+": "+oneLine(k.reason)]++
+		if !k.named && k.logReason != "" {
+			logReasons[k.target+": "+oneLine(k.logReason)]++
+		}
 	}
-	sort.Strings(keys)
-	b.WriteString("\nReasons (pod ids, exec ids and pids as …):\n\n| count | target: what ctr said |\n|---|---|\n")
-	for _, r := range keys {
-		fmt.Fprintf(&b, "| %d | %s |\n", reasons[r], strings.ReplaceAll(r, "`", "'"))
+	for _, sec := range []struct {
+		title string
+		m     map[string]int
+	}{
+		{"Reasons (pod ids, exec ids and pids as …):\n\n| count | target: what ctr said |", reasons},
+		{"Where ctr's words did not name what died, containerd's log line that does:\n\n| count | target: containerd's log |", logReasons},
+	} {
+		if len(sec.m) == 0 {
+			continue
+		}
+		keys := make([]string, 0, len(sec.m))
+		for r := range sec.m {
+			keys = append(keys, r)
+		}
+		sort.Strings(keys)
+		b.WriteString("\n" + sec.title + "\n|---|---|\n")
+		for _, r := range keys {
+			fmt.Fprintf(&b, "| %d | %s |\n", sec.m[r], strings.ReplaceAll(r, "`", "'"))
+		}
 	}
 	fmt.Fprintf(&b, "\nPods that reached RUNNING: %d of %d lifecycles; pods started after a kill (including one per backend after the loop): %d.\n\n", started, n, startedAfter)
 	fmt.Fprintf(&b, "Leftovers (processes, mounts, taps, network namespaces, /dev/shm guest RAM files, sandbox and bundle directories, shim sockets): %d.\n", leftovers)

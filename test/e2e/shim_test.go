@@ -59,6 +59,14 @@ func newContainerdEnv(t *testing.T) *containerdEnv {
 // newContainerdEnvFor is newContainerdEnv whose pods boot with the
 // configuration of the env newEnv makes.
 func newContainerdEnvFor(t *testing.T, newEnv func() *env) *containerdEnv {
+	return newContainerdEnvWith(t, newEnv, nil, nil)
+}
+
+// newContainerdEnvWith is newContainerdEnvFor whose containerd also has
+// the proxy snapshotters of proxies (name -> socket), which beforeStart,
+// given the env, starts before containerd, as their systemd units order
+// them.
+func newContainerdEnvWith(t *testing.T, newEnv func() *env, proxies map[string]string, beforeStart func(*env)) *containerdEnv {
 	v := containerdUnderTest(t)
 	e := newEnv()
 	shim, err := buildShim()
@@ -73,7 +81,7 @@ func newContainerdEnvFor(t *testing.T, newEnv func() *env) *containerdEnv {
 	}
 	t.Cleanup(func() { os.Remove(sockDir) })
 	ce := &containerdEnv{env: e, sock: filepath.Join(e.dir, "containerd.sock"), log: &bytes.Buffer{}, logMu: &sync.Mutex{}, version: v}
-	cfg, err := containerdConfig{dir: e.dir, sock: ce.sock, kataConfig: e.config}.render(v)
+	cfg, err := containerdConfig{dir: e.dir, sock: ce.sock, kataConfig: e.config, opts: criOptions{ProxySnapshotters: proxies}}.render(v)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,6 +131,9 @@ func newContainerdEnvFor(t *testing.T, newEnv func() *env) *containerdEnv {
 			os.Remove(s)
 		}
 	})
+	if beforeStart != nil {
+		beforeStart(e)
+	}
 	ce.startDaemon(t)
 	// The CRI plugin accepting the runtime's table is what the deploy/ snippet relies on.
 	if p := ce.ctr(context.Background(), "plugins", "ls"); !regexp.MustCompile(`(?m)^io\.containerd\.grpc\.v1\s+cri\s+\S+\s+ok`).MatchString(p.stdout) {
