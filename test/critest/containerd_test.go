@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -132,6 +133,11 @@ func (w world) containerdConfig(v containerdVersion, hs []handler) string {
 	}
 	line("[%s.cni]\n  %s\n  conf_dir = %s", rt, binDir, q(w.path("cni", "net.d")))
 	line("[%s.containerd]\n  default_runtime_name = %s", rt, q("runc"))
+	// runc is the default handler, which containerd 1.7 requires to be
+	// configured, also in a run of the kata-fsx handlers alone.
+	if !slices.ContainsFunc(hs, func(h handler) bool { return h.name == "runc" }) {
+		line("[%s.containerd.runtimes.%s]\n  runtime_type = %s", rt, q("runc"), q("io.containerd.runc.v2"))
+	}
 	for _, h := range hs {
 		if h.sharedFS == "" {
 			line("[%s.containerd.runtimes.%s]\n  runtime_type = %s", rt, q(h.name), q("io.containerd.runc.v2"))
