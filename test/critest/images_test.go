@@ -113,8 +113,10 @@ func lookalikes() []lookalike {
 	sh := ocispec.ImageConfig{Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, Cmd: []string{"sh"}}
 	with := func(c ocispec.ImageConfig, f func(*ocispec.ImageConfig)) ocispec.ImageConfig { f(&c); return c }
 	// The pause process lives until the CRI stops the pod; as a pid
-	// namespace's init it reaps what the pod's processes leave.
-	const pause = "#!/bin/sh\ntrap 'exit 0' TERM INT\nwhile :; do sleep 3600 & wait $!; done\n"
+	// namespace's init it reaps what the pod's processes leave. It is the
+	// fixture's program, not a shell loop: a pod's containers share its
+	// PID namespace, and a spec that looks for its own killed sleep
+	// (execSync with timeout) must not find the pause's.
 	pauseConfig := ocispec.ImageConfig{Env: []string{"PATH=/bin"}, Entrypoint: []string{"/pause"}}
 	page := map[string]string{"/usr/share/nginx/html/index.html": "<title>Welcome to nginx!</title>\n"}
 	nginx := with(sh, func(c *ocispec.ImageConfig) {
@@ -133,8 +135,8 @@ func lookalikes() []lookalike {
 		{refs: []string{"e2e-test-images/nonewprivs:1.3"}, fixture: map[string]fs.FileMode{"/usr/local/bin/nnp": 0o755 | fs.ModeSetuid},
 			config: with(sh, func(c *ocispec.ImageConfig) { c.Cmd, c.Entrypoint = nil, []string{"/usr/local/bin/nnp"} })},
 		// Two images: critest expects pause:3.9's tags to be its own.
-		{refs: []string{"pause:3.9"}, files: map[string]string{"/pause": pause}, config: pauseConfig},
-		{refs: []string{"pause:3.10"}, files: map[string]string{"/pause": pause, "/sandbox": ""}, config: pauseConfig},
+		{refs: []string{"pause:3.9"}, fixture: map[string]fs.FileMode{"/pause": 0o755}, config: pauseConfig},
+		{refs: []string{"pause:3.10"}, files: map[string]string{"/sandbox": ""}, fixture: map[string]fs.FileMode{"/pause": 0o755}, config: pauseConfig},
 		{refs: []string{cri + "test-image-predefined-group:latest"}, files: map[string]string{
 			"/etc/passwd": busyboxPasswd + "default-user:x:1000:1000:Linux User,,,:/home/default-user:/bin/sh\n",
 			"/etc/group":  busyboxGroup + "default-user:x:1000:\ngroup-defined-in-image:x:50000:default-user\n",
