@@ -233,6 +233,11 @@ func render(specs, cols []string, results map[string]map[string]result, reasons 
 	p("Debian's busybox-static and served by a loopback docker-registry through")
 	p("hosts.toml mirrors for registry.k8s.io, gcr.io and k8s.gcr.io.")
 	p("")
+	p("CI runs the named subset `make critest-ci`: the specs of the Makefile's")
+	p("CRITEST_FOCUS on containerd 2.x, on runc and both pinned kata-fsx handlers,")
+	p("with ginkgo `-nodes 2`; every one must pass. The full run below does not fit")
+	p("CI's time budget and is run by `make critest`.")
+	p("")
 	if note != "" {
 		p("%s", note)
 		p("")
