@@ -165,14 +165,7 @@ func TestFaultLoop(t *testing.T) {
 	rng := rand.New(rand.NewSource(seed))
 
 	netnsBefore, tapsBefore, shmBefore := netnsNames(), hostTaps(), guestRAMFiles()
-	// The snapshotter's socket outside the env's directory: sun_path
-	// holds 107 bytes.
-	snapDir, err := os.MkdirTemp("/tmp", "kfsnap")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(snapDir) })
-	snapSock := filepath.Join(snapDir, "snap.sock")
+	snapSock := snapshotterSocket(t)
 	var snap *snapshotterProc
 	ce := newContainerdEnvWith(t, func() *env { return newEnv(t, `enable_annotations = ["shared_fs"]`) },
 		map[string]string{"kata-fsx": snapSock},
@@ -808,7 +801,7 @@ func faultTable(seed int64, n int, took time.Duration, kills []faultKill, starte
 	reasons, logReasons := map[string]int{}, map[string]int{}
 	// Pod ids and pids differ from run to run; exit codes do not.
 	logPrefix := regexp.MustCompile(`time="[^"]*" level=\w+ `)
-	tmpPath := regexp.MustCompile(`/tmp/(TestFaultLoop|kfs)[^\s"\\]*`)
+	tmpPath := regexp.MustCompile(`/tmp/(TestFaultLoop|kf?s)[^\s"\\]*`)
 	num := regexp.MustCompile(`\bfault\d+|\b[0-9a-f]{12,}\b|pid \d+|\bx\.\d+`)
 	oneLine := func(r string) string {
 		// One table line each: ctr's log prefix, the run's temporary

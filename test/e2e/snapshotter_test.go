@@ -75,6 +75,19 @@ func (p *snapshotterProc) start() {
 	}
 }
 
+// snapshotterSocket is a path for a snapshotter's socket in a directory
+// of its own under /tmp, removed with the test: a test's own directory is
+// too deep for sun_path's 107 bytes.
+func snapshotterSocket(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/tmp", "ks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return filepath.Join(dir, "snap.sock")
+}
+
 // stop ends the snapshotter with SIGTERM, as systemd would.
 func (p *snapshotterProc) stop() {
 	if p.cmd == nil {
@@ -131,12 +144,7 @@ func TestSnapshotterCRI(t *testing.T) {
 	img := pushLazyImage(t)
 	ref := strings.TrimPrefix(img.ref, "registry:")
 
-	sockDir, err := os.MkdirTemp("/tmp", "ks")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	snapSock := filepath.Join(sockDir, "snap.sock")
+	snapSock := snapshotterSocket(t)
 	var snap *snapshotterProc
 	c := newCRIEnvWith(t, criOptions{
 		ProxySnapshotters:   map[string]string{"kata-fsx": snapSock},
