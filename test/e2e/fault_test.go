@@ -522,7 +522,6 @@ func (ce *containerdEnv) faultLifecycle(t *testing.T, i int, id, backend string,
 				t.Errorf("lifecycle %d: the snapshotter killed %s %s; the running pod's task is %q, want RUNNING", i, k.point, k.phase, st)
 			}
 		}
-		os.Remove(snap.args[4])
 		snap.start()
 		// containerd's client of a proxy snapshotter backs off between
 		// reconnections (grpc's, up to 2 min): until it is back, calls

@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto/md5"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,6 +51,12 @@ func startSnapshotter(t *testing.T, cfg, sock, root string) *snapshotterProc {
 func (p *snapshotterProc) start() {
 	t := p.t
 	t.Helper()
+	sock := p.args[4]
+	// A snapshotter that was killed leaves its socket, which would pass
+	// the wait below before the new one listens.
+	if err := os.Remove(sock); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(kataFSX(t), p.args...)
 	cmd.Stdout = lockedWriter{p.logMu, p.log}
 	cmd.Stderr = lockedWriter{p.logMu, p.log}
@@ -58,7 +66,6 @@ func (p *snapshotterProc) start() {
 	}
 	p.cmd, p.exited = cmd, make(chan struct{})
 	go func(c chan struct{}) { cmd.Wait(); close(c) }(p.exited)
-	sock := p.args[4]
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if _, err := os.Stat(sock); err == nil {
