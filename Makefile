@@ -253,7 +253,7 @@ CRITEST_HANDLERS   ?= runc kata-fsx kata-fsx-virtiofs kata-fsx-imagefs-blk
 CRITEST_CHUNKS     ?= pod container security image
 CRITEST_LOCK       ?= /tmp/kata-fsx-e2e.lock
 CRITEST_NODES      ?= 1
-CRITEST_FOCUS      ?= Runtime info|basic operations on PodSandbox|Networking runtime|runtime should support (attach|exec with tty|creating container|starting container|execSync \[|listing container stats \[|removing created container|removing running container|reopening container log)
+CRITEST_FOCUS      ?= Runtime info|basic operations on PodSandbox|Networking runtime|runtime should support (attach|exec with tty|portforward \[|creating container|starting container|execSync \[|listing container stats \[|removing created container|removing running container|reopening container log)
 CRITEST_CI_HANDLERS ?= runc kata-fsx-virtiofs kata-fsx-imagefs-blk
 CRITEST_CI_NODES    ?= 2
 

@@ -394,6 +394,25 @@ func unredirect(h *netlink.Handle, l netlink.Link) error {
 	return nil
 }
 
+// Listen opens a TCP listener on addr inside the pod's network namespace:
+// the socket stays there, while the caller accepts from wherever it runs.
+// It needs the namespace held, so it fails after Teardown.
+func (n *Network) Listen(addr string) (net.Listener, error) {
+	if !n.ns.IsOpen() {
+		return nil, fmt.Errorf("listen on %s in %s: the namespace is released", addr, n.NetNSPath)
+	}
+	var l net.Listener
+	err := inNetNS(n.ns, func() error {
+		var err error
+		l, err = net.Listen("tcp", addr)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s in %s: %w", addr, n.NetNSPath, err)
+	}
+	return l, nil
+}
+
 // inNetNS runs fn on an OS thread that has entered ns, and brings the
 // thread back to its namespace before giving it back to the Go scheduler.
 // Only a thread that cannot return to its namespace is left locked, to

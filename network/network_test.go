@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -278,5 +280,56 @@ func TestChildrenSurviveNamespaceThreads(t *testing.T) {
 		if pid, _ := syscall.Wait4(c.Process.Pid, &ws, syscall.WNOHANG, nil); pid != 0 {
 			t.Fatalf("a child with a Pdeathsig died during Setup/Teardown: %v", ws)
 		}
+	}
+}
+
+// TestListenInPodNamespace: Listen's socket is in the pod's namespace, so
+// a client there (ip netns exec, as containerd's port-forward dials from
+// inside it) reaches it on the pod's loopback, and the host's loopback
+// does not; after Teardown the namespace can no longer be listened in.
+func TestListenInPodNamespace(t *testing.T) {
+	needRoot(t)
+	testenv.Tool(t, "busybox", "busybox-static")
+	pod, _ := podNetNS(t)
+	n, err := Setup("/var/run/netns/"+pod, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := n.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("in the pod\n"))
+			c.Close()
+		}
+	}()
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	out := run(t, "ip", "netns", "exec", pod, "busybox", "nc", "127.0.0.1", port)
+	if out != "in the pod\n" {
+		t.Fatalf("nc in the pod's namespace read %q", out)
+	}
+	if c, err := net.DialTimeout("tcp", "127.0.0.1:"+port, time.Second); err == nil {
+		// Someone else may hold the port on the host's loopback: only our
+		// listener's greeting would be the failure.
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		b, _ := io.ReadAll(io.LimitReader(c, 64))
+		c.Close()
+		if string(b) == "in the pod\n" {
+			t.Fatal("the listener answered on the host's loopback")
+		}
+	}
+	if err := n.Teardown(); err != nil {
+		t.Fatal(err)
+	}
+	if l2, err := n.Listen("127.0.0.1:0"); err == nil {
+		l2.Close()
+		t.Fatal("Listen after Teardown succeeded")
 	}
 }

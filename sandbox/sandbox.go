@@ -119,6 +119,9 @@ type Sandbox struct {
 	hybridVsock io.Closer
 	// net is the pod's network namespace wired to the VM's NICs; nil for none.
 	net *network.Network
+	// forwarder listens in net for the guest's TCP ports (portforward.go);
+	// nil for a pod without a network namespace. Stop ends it first.
+	forwarder *portForwarder
 	// life is the sandbox's lifetime, for what runs beyond one request
 	// (the disks' vhost-user servers); Stop ends it.
 	life     context.Context
@@ -257,6 +260,7 @@ func New(ctx context.Context, spec Spec) (_ *Sandbox, err error) {
 	if err := s.agent.CreateSandbox(ctx, req); err != nil {
 		return nil, s.Explain(fmt.Errorf("sandbox %s: agent CreateSandbox: %w", spec.ID, err))
 	}
+	s.startPortForward(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.moveLocked(StateReady); err != nil {
@@ -729,6 +733,9 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 	var errs []error
 	if err := s.stopMetrics(); err != nil {
 		errs = append(errs, err)
+	}
+	if s.forwarder != nil {
+		s.forwarder.stop()
 	}
 	if s.agent != nil {
 		if !wasFailed {

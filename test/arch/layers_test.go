@@ -31,7 +31,7 @@ var layers = []struct {
 }{
 	{"formats: configuration, wire protocols, on-disk and in-memory formats, test kit", []string{
 		"config", "atomicfile",
-		"agent/protocols",
+		"agent/protocols", "agent/portfwd",
 		"hypervisor/qmp",
 		"virtio/virtq/internal/ring", "virtio/virtq",
 		"blk/blockmap", "blk/iovec", "blk/ext4/disklayout",
@@ -50,7 +50,7 @@ var layers = []struct {
 		"virtio/virtq/testdriver", "vhostuser/vhostusertest",
 	}},
 	{"the guest agent: what runs inside the VM, beside the host's mechanisms", []string{
-		"guest/agent/boot", "guest/agent/cgroups", "guest/agent/channel", "guest/agent/initproc",
+		"guest/agent/boot", "guest/agent/cgroups", "guest/agent/channel", "guest/agent/forward", "guest/agent/initproc",
 		"guest/agent/modules", "guest/agent/network", "guest/agent/pci", "guest/agent/process",
 		"guest/agent/pty", "guest/agent/seccomp", "guest/agent/service", "guest/agent/storage",
 	}},

@@ -1,14 +1,18 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -521,6 +525,24 @@ func TestNetworkCRIWithCNI(t *testing.T) {
 		}
 	})
 
+	// containerd's CRI port-forward dials localhost:PORT in the pod's
+	// namespace on the host; the shim's forwarder listens there for the
+	// guest's ports. A server started after the pod is forwarded too.
+	t.Run("port-forward", func(t *testing.T) {
+		for _, p := range pods {
+			if got := c.portForwardGet(ctx, t, p.id, 8080); got != "from-"+p.name+"\n" {
+				t.Errorf("pod %s: through crictl port-forward to 8080: %q, want from-%s", p.name, got, p.name)
+			}
+			late := "mkdir -p /late && echo late-" + p.name + " > /late/index.html && httpd -p 8081 -h /late"
+			if out, err := c.crictlOut(ctx, t, "exec", "-s", p.ctr, "/bin/sh", "-c", late); err != nil {
+				t.Fatalf("pod %s: start a second server: %v\n%s", p.name, err, out)
+			}
+			if got := c.portForwardGet(ctx, t, p.id, 8081); got != "late-"+p.name+"\n" {
+				t.Errorf("pod %s: through crictl port-forward to 8081, a server started later: %q, want late-%s", p.name, got, p.name)
+			}
+		}
+	})
+
 	// Host bind mounts of the pod's files: what CRI wrote is what the
 	// container reads.
 	t.Run("CRI files", func(t *testing.T) {
@@ -567,4 +589,80 @@ func TestNetworkCRIWithCNI(t *testing.T) {
 			}
 		}
 	}
+}
+
+// forwardingRe is what crictl port-forward prints once it listens.
+var forwardingRe = regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+) -> (\d+)`)
+
+// portForwardGet runs crictl port-forward to the pod's port and GETs /
+// through it, and returns the body. crictl (client-go) ends the session at
+// the first connection the runtime cannot make, so a GET sent before the
+// runtime forwards the port is retried with a new session, up to 2 minutes.
+func (c *criEnv) portForwardGet(ctx context.Context, t *testing.T, podID string, port int) string {
+	t.Helper()
+	var last string
+	err := testenv.Wait(2*time.Minute, func() (bool, error) {
+		body, err := c.portForwardOnce(ctx, t, podID, port)
+		if err != nil {
+			last = err.Error()
+			return false, err
+		}
+		last = body
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("GET / through crictl port-forward %s %d: %v\n%s", podID, port, err, c.logTail(3000))
+	}
+	return last
+}
+
+// portForwardOnce is one crictl port-forward session and one GET through it.
+func (c *criEnv) portForwardOnce(ctx context.Context, t *testing.T, podID string, port int) (string, error) {
+	pctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(pctx, crictl(t), "--runtime-endpoint", "unix://"+c.sock, "--image-endpoint", "unix://"+c.sock,
+		"port-forward", podID, fmt.Sprintf("0:%d", port))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	defer func() {
+		cancel()
+		_ = cmd.Wait()
+	}()
+	local := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if m := forwardingRe.FindStringSubmatch(sc.Text()); m != nil && m[2] == strconv.Itoa(port) {
+				local <- m[1]
+				break
+			}
+		}
+		close(local)
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	lport, ok := <-local
+	if !ok {
+		return "", fmt.Errorf("crictl port-forward printed no \"Forwarding from\" line: %s", stderr.String())
+	}
+	req, err := http.NewRequestWithContext(pctx, http.MethodGet, "http://127.0.0.1:"+lport+"/", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		return "", fmt.Errorf("%w (crictl: %s)", err, strings.TrimSpace(stderr.String()))
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("status %s, body %q, %v", resp.Status, body, err)
+	}
+	return string(body), nil
 }

@@ -22,11 +22,14 @@ import (
 	"time"
 
 	"github.com/containerd/ttrpc"
+	"golang.org/x/sys/unix"
+
+	"github.com/kata-fsx/kata-fsx/agent/portfwd"
 	"github.com/kata-fsx/kata-fsx/guest/agent/channel"
+	"github.com/kata-fsx/kata-fsx/guest/agent/forward"
 	"github.com/kata-fsx/kata-fsx/guest/agent/initproc"
 	"github.com/kata-fsx/kata-fsx/guest/agent/modules"
 	"github.com/kata-fsx/kata-fsx/guest/agent/service"
-	"golang.org/x/sys/unix"
 )
 
 // channelTimeout bounds the wait for an agent channel to appear.
@@ -118,6 +121,16 @@ func boot(serverOpts []ttrpc.ServerOpt) error {
 	ls := channel.Wait(channelTimeout)
 	if len(ls) == 0 {
 		return errors.New("no agent channel: neither virtio-serial port " + channel.SerialPortName + " nor a vsock device appeared")
+	}
+	if fl, err := channel.ListenForward(); err != nil {
+		log.Printf("port-forward: %v", err)
+	} else {
+		log.Printf("port-forward on vsock port %d", portfwd.VsockPort)
+		go func() {
+			if err := (&forward.Server{}).Serve(context.Background(), fl); err != nil {
+				log.Printf("%v", err)
+			}
+		}()
 	}
 	a := service.New(mods)
 	return a.Serve(context.Background(), ls, serverOpts...)

@@ -1,7 +1,8 @@
 // Package channel serves the agent's channels to the host: the
 // virtio-serial port agent.channel.0 (one stream that outlives host
 // connections, split into a session per connection) and vsock port 1024,
-// as listeners for the ttrpc server.
+// as listeners for the ttrpc server; and the port-forward service's vsock
+// port.
 package channel
 
 import (
@@ -19,6 +20,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kata-fsx/kata-fsx/agent/portfwd"
 )
 
 const (
@@ -345,7 +348,8 @@ func (a fileAddr) String() string  { return string(a) }
 
 // vsockListener accepts AF_VSOCK connections through the runtime poller.
 type vsockListener struct {
-	f *os.File
+	f    *os.File
+	port uint32
 }
 
 func listenVsock(port uint32) (*vsockListener, error) {
@@ -361,7 +365,7 @@ func listenVsock(port uint32) (*vsockListener, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("vsock listen: %w", err)
 	}
-	return &vsockListener{f: os.NewFile(uintptr(fd), "vsock")}, nil
+	return &vsockListener{f: os.NewFile(uintptr(fd), "vsock"), port: port}, nil
 }
 
 func (l *vsockListener) Accept() (net.Conn, error) {
@@ -385,9 +389,23 @@ func (l *vsockListener) Accept() (net.Conn, error) {
 }
 
 func (l *vsockListener) Close() error   { return l.f.Close() }
-func (l *vsockListener) Addr() net.Addr { return vsockAddr(fmt.Sprintf("vsock://-1:%d", vsockPort)) }
+func (l *vsockListener) Addr() net.Addr { return vsockAddr(fmt.Sprintf("vsock://-1:%d", l.port)) }
 
 type vsockConn struct{ *os.File }
+
+// CloseWrite shuts the sending half down, so the host reads the end of a
+// forwarded stream while it may still send.
+func (c *vsockConn) CloseWrite() error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.Shutdown(int(fd), unix.SHUT_WR) }); err != nil {
+		return err
+	}
+	return serr
+}
 
 func (c *vsockConn) LocalAddr() net.Addr  { return vsockAddr("vsock-local") }
 func (c *vsockConn) RemoteAddr() net.Addr { return vsockAddr("vsock-host") }
@@ -396,6 +414,16 @@ type vsockAddr string
 
 func (a vsockAddr) Network() string { return "vsock" }
 func (a vsockAddr) String() string  { return string(a) }
+
+// ListenForward listens on the port-forward service's vsock port
+// (agent/portfwd); it needs a vsock device, as the service has no
+// virtio-serial form.
+func ListenForward() (net.Listener, error) {
+	if !hasVsockDevice() {
+		return nil, errors.New("no vsock device: port forwarding needs a vsock agent channel")
+	}
+	return listenVsock(portfwd.VsockPort)
+}
 
 // Wait waits for the agent channels to appear (virtio devices probe
 // asynchronously after their modules load, and virtio-serial ports arrive
