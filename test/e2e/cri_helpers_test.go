@@ -1,13 +1,9 @@
 package e2e
 
 import (
-	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -260,7 +256,7 @@ func (c *criEnv) importImages(ctx context.Context, t *testing.T) {
 		t.Fatal(err)
 	}
 	archive := filepath.Join(t.TempDir(), "images.tar")
-	err := writeDockerArchive(archive, root, []archiveImage{
+	err := registrytest.WriteDockerArchive(archive, root, []registrytest.ArchiveImage{
 		{Name: criPauseImage, Config: map[string]any{"Env": []string{"PATH=/bin"}, "Entrypoint": []string{"/pause"}}},
 		{Name: criBusyboxImage, Config: map[string]any{"Env": []string{"PATH=/bin"}, "Cmd": []string{"/bin/sh"}}},
 	})
@@ -282,61 +278,6 @@ func (c *criEnv) importImages(ctx context.Context, t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-}
-
-// archiveImage is one image of a docker-archive: a name and the "config"
-// object of its image configuration.
-type archiveImage struct {
-	Name   string
-	Config map[string]any
-}
-
-// writeDockerArchive writes a docker-archive (the `docker save` format
-// that `ctr images import` reads) whose images share one layer: root.
-func writeDockerArchive(path, root string, images []archiveImage) error {
-	layer, err := registrytest.Tar(root)
-	if err != nil {
-		return fmt.Errorf("layer of %s: %w", root, err)
-	}
-	diffID := sha256.Sum256(layer)
-	type file struct {
-		name string
-		data []byte
-	}
-	files := []file{{"layer.tar", layer}}
-	var manifest []map[string]any
-	for _, im := range images {
-		cfg, err := json.Marshal(map[string]any{
-			"architecture": "amd64", "os": "linux", "config": im.Config,
-			"rootfs": map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + hex.EncodeToString(diffID[:])}},
-		})
-		if err != nil {
-			return fmt.Errorf("image config of %s: %w", im.Name, err)
-		}
-		sum := sha256.Sum256(cfg)
-		name := hex.EncodeToString(sum[:]) + ".json"
-		files = append(files, file{name, cfg})
-		manifest = append(manifest, map[string]any{"Config": name, "RepoTags": []string{im.Name}, "Layers": []string{"layer.tar"}})
-	}
-	m, err := json.Marshal(manifest)
-	if err != nil {
-		return fmt.Errorf("manifest: %w", err)
-	}
-	files = append(files, file{"manifest.json", m})
-	var out bytes.Buffer
-	aw := tar.NewWriter(&out)
-	for _, f := range files {
-		if err := aw.WriteHeader(&tar.Header{Name: f.name, Mode: 0o644, Size: int64(len(f.data)), Typeflag: tar.TypeReg}); err != nil {
-			return fmt.Errorf("archive %s: %w", f.name, err)
-		}
-		if _, err := aw.Write(f.data); err != nil {
-			return fmt.Errorf("archive %s: %w", f.name, err)
-		}
-	}
-	if err := aw.Close(); err != nil {
-		return fmt.Errorf("archive: %w", err)
-	}
-	return os.WriteFile(path, out.Bytes(), 0o600)
 }
 
 // criLogLine is one line of the CRI container log format:

@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io/fs"
@@ -118,4 +120,59 @@ func WriteOCI(t testing.TB, dir, tag string, layers ...[]byte) {
 	if err := os.WriteFile(filepath.Join(dir, "oci-layout"), []byte(`{"imageLayoutVersion":"1.0.0"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// ArchiveImage is one image of a docker-archive: a name and the "config"
+// object of its image configuration.
+type ArchiveImage struct {
+	Name   string
+	Config map[string]any
+}
+
+// WriteDockerArchive writes a docker-archive (the `docker save` format
+// that `ctr images import` reads) whose images share one layer: root.
+func WriteDockerArchive(path, root string, images []ArchiveImage) error {
+	layer, err := Tar(root)
+	if err != nil {
+		return fmt.Errorf("layer of %s: %w", root, err)
+	}
+	diffID := sha256.Sum256(layer)
+	type file struct {
+		name string
+		data []byte
+	}
+	files := []file{{"layer.tar", layer}}
+	var manifest []map[string]any
+	for _, im := range images {
+		cfg, err := json.Marshal(map[string]any{
+			"architecture": "amd64", "os": "linux", "config": im.Config,
+			"rootfs": map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + hex.EncodeToString(diffID[:])}},
+		})
+		if err != nil {
+			return fmt.Errorf("image config of %s: %w", im.Name, err)
+		}
+		sum := sha256.Sum256(cfg)
+		name := hex.EncodeToString(sum[:]) + ".json"
+		files = append(files, file{name, cfg})
+		manifest = append(manifest, map[string]any{"Config": name, "RepoTags": []string{im.Name}, "Layers": []string{"layer.tar"}})
+	}
+	m, err := json.Marshal(manifest)
+	if err != nil {
+		return fmt.Errorf("manifest: %w", err)
+	}
+	files = append(files, file{"manifest.json", m})
+	var out bytes.Buffer
+	aw := tar.NewWriter(&out)
+	for _, f := range files {
+		if err := aw.WriteHeader(&tar.Header{Name: f.name, Mode: 0o644, Size: int64(len(f.data)), Typeflag: tar.TypeReg}); err != nil {
+			return fmt.Errorf("archive %s: %w", f.name, err)
+		}
+		if _, err := aw.Write(f.data); err != nil {
+			return fmt.Errorf("archive %s: %w", f.name, err)
+		}
+	}
+	if err := aw.Close(); err != nil {
+		return fmt.Errorf("archive: %w", err)
+	}
+	return os.WriteFile(path, out.Bytes(), 0o600)
 }
