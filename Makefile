@@ -101,6 +101,24 @@ containerd:
 	  done; \
 	done
 
+# The test cluster's programs (test/kube): kubelet, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kube-proxy and kubectl from
+# k8s.io/kubernetes, and etcd at the version that release requires, built
+# from the Go module proxy into $(KUBE_DIR)/bin and kept (test/kube/build.sh).
+KUBE_VERSION ?= v1.37.2
+KUBE_DIR     ?= $(BUILD)/kube/$(KUBE_VERSION)
+
+.PHONY: kube test-kube
+kube:
+	K8S_VERSION=$(KUBE_VERSION) GO=$(GO) test/kube/build.sh $(KUBE_DIR)
+
+# The cluster tests (test/kube): a single-node cluster of the programs
+# above in a network namespace of its own, containerd 2.x, kata-fsx
+# installed by its DaemonSet, pods made with kubectl on both backends.
+test-kube: build guest kube containerd
+	flock $(CRITEST_LOCK) env KATA_FSX_KUBE_DIR=$(KUBE_DIR) KATA_FSX_CONTAINERD=$(CONTAINERD_DIR)/$(lastword $(CONTAINERD_VERSIONS)) \
+	  KATA_FSX_GUEST_DIR=$(GUESTDIR) $(GO) test -count=1 -timeout 40m -v -run '^TestKube$$' ./test/kube
+
 FUZZTIME ?= 10s
 
 fuzz:

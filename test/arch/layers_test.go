@@ -78,7 +78,7 @@ var layers = []struct {
 		"test/bench/blkbench", "test/bench/coldbench", "test/bench/densitybench", "test/bench/densitybench/density", "test/bench/imagebench",
 		"cmd/kata-fsx-agent", "guest/image/mkimage",
 		"test/guest", "test/guest/hostileagent",
-		"test/e2e", "test/arch", "test/critest", "test/critest/fixture", "test/critest/report",
+		"test/e2e", "test/arch", "test/critest", "test/critest/fixture", "test/critest/report", "test/kube",
 	}},
 }
 

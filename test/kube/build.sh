@@ -11,7 +11,7 @@
 # published module of the same release (v1.X.Y -> v0.X.Y), plus a require
 # of k8s.io/kubernetes itself, and builds the commands from there; every
 # other dependency is at the version Kubernetes pins. Programs already
-# built for this version are kept.
+# built for this version and these settings are kept.
 set -euo pipefail
 K8S_VERSION=${K8S_VERSION:?set K8S_VERSION, e.g. v1.37.2}
 OUT=${1:?usage: build.sh OUTDIR}
@@ -19,9 +19,11 @@ GO=${GO:-go}
 staging=v0.${K8S_VERSION#v1.}
 bins=(kubelet kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl etcd)
 
+# The stamp changes with what the binaries are built as.
+stamp="$K8S_VERSION static"
 missing=0
 for b in "${bins[@]}"; do [ -x "$OUT/bin/$b" ] || missing=1; done
-if [ "$missing" = 0 ] && [ "$(cat "$OUT/bin/.version" 2>/dev/null)" = "$K8S_VERSION" ]; then
+if [ "$missing" = 0 ] && [ "$(cat "$OUT/bin/.version" 2>/dev/null)" = "$stamp" ]; then
 	echo "kube: $K8S_VERSION present in $OUT/bin"
 	exit 0
 fi
@@ -52,11 +54,14 @@ pkg=k8s.io/component-base/version
 ldflags="-X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2) -X $pkg.gitTreeState=clean"
 (
 	cd "$src"
-	GOFLAGS=-mod=mod "$GO" build -trimpath -ldflags "$ldflags" -o "$OUT/bin/" \
-		k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-apiserver \
+	# Static, as Kubernetes releases them (kubectl runs in the installer's
+	# busybox image, which has no libc); the kubelet with cgo, as released.
+	GOFLAGS=-mod=mod CGO_ENABLED=0 "$GO" build -trimpath -ldflags "$ldflags" -o "$OUT/bin/" \
+		k8s.io/kubernetes/cmd/kube-apiserver \
 		k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler \
 		k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl
-	GOFLAGS=-mod=mod "$GO" build -trimpath -o "$OUT/bin/etcd" go.etcd.io/etcd/server/v3
+	GOFLAGS=-mod=mod "$GO" build -trimpath -ldflags "$ldflags" -o "$OUT/bin/" k8s.io/kubernetes/cmd/kubelet
+	GOFLAGS=-mod=mod CGO_ENABLED=0 "$GO" build -trimpath -o "$OUT/bin/etcd" go.etcd.io/etcd/server/v3
 )
-echo "$K8S_VERSION" > "$OUT/bin/.version"
+echo "$stamp" > "$OUT/bin/.version"
 echo "kube: built in $(( $(date +%s) - start )) s"

@@ -116,13 +116,12 @@ restart_containerd() {
 }
 
 label() {
-	kubectl label node "$NODE_NAME" "$@" --overwrite >/dev/null || say "labelling node $NODE_NAME failed: $*"
+	kubectl label node "$NODE_NAME" "$@" --overwrite >/dev/null
 }
 
 uninstall() {
 	trap - TERM INT
 	say "removing kata-fsx from node $NODE_NAME"
-	label "$LABEL-"
 	if [ -f "$BACKUP" ]; then
 		cp -p "$BACKUP" "$CONF"
 		rm -f "$BACKUP"
@@ -131,6 +130,8 @@ uninstall() {
 	fi
 	rm -rf "$INSTALL_DIR/bin" "$INSTALL_DIR/share"
 	rmdir "$INSTALL_DIR" 2>/dev/null || true
+	# Last, so that the label's absence means the node is as it was.
+	label "$LABEL-" || say "removing label $LABEL from node $NODE_NAME failed: remove it with kubectl label node $NODE_NAME $LABEL-" >&2
 	say "removed"
 	exit 0
 }
@@ -139,7 +140,9 @@ trap uninstall TERM INT
 install_files
 configure_containerd
 restart_containerd || die "containerd was not restarted: the handlers take effect at its next start"
-label "$LABEL=true"
+# Without the label no pod of the RuntimeClasses is scheduled here: fail,
+# and the DaemonSet's restart tries again (the steps above are repeatable).
+label "$LABEL=true" || die "labelling node $NODE_NAME $LABEL=true failed (the DaemonSet's service account needs get and patch on nodes)"
 say "installed on node $NODE_NAME; waiting for the DaemonSet's removal"
 # A shell waits for a foreground child before it runs a trap, so sleep in
 # the background and wait for it, which a signal interrupts.

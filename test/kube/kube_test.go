@@ -1,0 +1,328 @@
+package kube
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kata-fsx/kata-fsx/test/testenv"
+)
+
+// repoRoot is the checkout: the tests run in test/kube.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	abs, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return abs
+}
+
+// install builds the kata-fsx-deploy image from this tree, imports it and
+// applies the DaemonSet with the node's paths pointed into the cluster's
+// private directory, then waits for the node's label; it returns the
+// containerd configuration as it was before.
+func (c *cluster) install(ctx context.Context, t *testing.T) []byte {
+	t.Helper()
+	top := repoRoot(t)
+	guest := os.Getenv(envGuestDir)
+	if guest == "" {
+		guest = filepath.Join(top, "build", "guest")
+	}
+	for _, f := range []string{filepath.Join(top, "bin", "containerd-shim-kata-fsx-v2"), filepath.Join(guest, "initrd.img")} {
+		if _, err := os.Stat(f); err != nil {
+			testenv.Missing(t, "%v (make build guest)", err)
+		}
+	}
+	before, err := os.ReadFile(c.containerdConf())
+	if err != nil {
+		t.Fatal(err)
+	}
+	image := c.path("kata-fsx-deploy.tar")
+	timed(t, "kata-fsx-deploy image", func() error {
+		cmd := exec.CommandContext(ctx, filepath.Join(top, "deploy/kubernetes/installer/build-image.sh"), image)
+		cmd.Env = append(os.Environ(), "KUBECTL="+filepath.Join(c.bin, "kubectl"), "GUEST_DIR="+guest)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%w\n%s", err, out)
+		}
+		_, err := c.ctr(ctx, "images", "import", image)
+		return err
+	})
+	manifest, err := os.ReadFile(filepath.Join(top, "deploy/kubernetes/kata-fsx-deploy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The node's paths, as a node would have them, are the cluster's own.
+	install := c.path("opt-kata-fsx")
+	m := string(manifest)
+	for _, r := range [][2]string{
+		{"value: /opt/kata-fsx", "value: " + install},
+		{"mountPath: /opt/kata-fsx", "mountPath: " + install},
+		{"path: /opt/kata-fsx", "path: " + install},
+		{"value: /etc/containerd/config.toml", "value: " + c.containerdConf() + `
+            - name: CONTAINERD_RESTART
+              value: "kill -TERM $(cat ` + c.containerdPidFile() + `)"
+            - name: KATA_FSX_STATE_DIR
+              value: ` + c.path("kata-fsx-state") + `
+            - name: KATA_FSX_RUN_DIR
+              value: ` + c.runDir},
+		{"mountPath: /etc/containerd", "mountPath: " + filepath.Dir(c.containerdConf())},
+		{"path: /etc/containerd", "path: " + filepath.Dir(c.containerdConf())},
+	} {
+		if !strings.Contains(m, r[0]) {
+			t.Fatalf("deploy/kubernetes/kata-fsx-deploy.yaml has no %q to point at the test's directory", r[0])
+		}
+		m = strings.ReplaceAll(m, r[0], r[1])
+	}
+	c.deployManifest = m
+	starts := c.starts("containerd")
+	timed(t, "kata-fsx installed by its DaemonSet", func() error {
+		if out, err := c.kubectlIn(ctx, m, "apply", "-f", "-"); err != nil {
+			return fmt.Errorf("%w\n%s", err, out)
+		}
+		return c.waitFor(ctx, "the node's kata-fsx label", func() error {
+			out, err := c.kubectl(ctx, "get", "node", nodeName, "-o", `jsonpath={.metadata.labels.katacontainers\.io/kata-fsx-runtime}`)
+			if err != nil {
+				return err
+			}
+			if out != "true" {
+				logs, _ := c.kubectl(ctx, "logs", "-n", "kube-system", "daemonset/kata-fsx-deploy", "--tail", "5")
+				return fmt.Errorf("label %q; installer: %s", out, logs)
+			}
+			return nil
+		})
+	})
+	rc, err := os.ReadFile(filepath.Join(top, "deploy/kubernetes/runtimeclasses.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.kubectlIn(ctx, string(rc), "apply", "-f", "-"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	// containerd came back with the handlers.
+	if err := c.waitFor(ctx, "containerd with the kata-fsx handlers", func() error {
+		if _, err := c.ctr(ctx, "version"); err != nil {
+			return err
+		}
+		b, err := os.ReadFile(c.containerdConf())
+		if err != nil || !strings.Contains(string(b), "runtimes.kata-fsx-blk]") {
+			return fmt.Errorf("the configuration has no kata-fsx-blk handler (%v)", err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.starts("containerd"); n <= starts {
+		t.Errorf("the installer did not restart containerd (started %d times, %d before the DaemonSet)", n, starts)
+	}
+	return before
+}
+
+// uninstall deletes the DaemonSet and waits for the installer to have
+// undone its work.
+func (c *cluster) uninstall(ctx context.Context, t *testing.T, before []byte) {
+	t.Helper()
+	starts := c.starts("containerd")
+	timed(t, "kata-fsx removed with its DaemonSet", func() error {
+		if out, err := c.kubectlIn(ctx, c.deployManifest, "delete", "-f", "-", "--wait=true"); err != nil {
+			return fmt.Errorf("%w\n%s", err, out)
+		}
+		return c.waitFor(ctx, "the installer's undo", func() error {
+			out, err := c.kubectl(ctx, "get", "node", nodeName, "-o", `jsonpath={.metadata.labels.katacontainers\.io/kata-fsx-runtime}`)
+			if err != nil {
+				return err
+			}
+			if out != "" {
+				return fmt.Errorf("the node still has label %q", out)
+			}
+			return nil
+		})
+	})
+	if n := c.starts("containerd"); n <= starts {
+		t.Errorf("the removal did not restart containerd (started %d times, %d before)", n, starts)
+	}
+	after, err := os.ReadFile(c.containerdConf())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(after) != string(before) {
+		t.Errorf("containerd's configuration after the DaemonSet's removal differs from before its installation:\n--- before\n%s\n--- after\n%s", before, after)
+	}
+	if _, err := os.Stat(c.path("opt-kata-fsx", "bin")); err == nil {
+		t.Errorf("%s is still there after the DaemonSet's removal", c.path("opt-kata-fsx", "bin"))
+	}
+	if _, err := os.Stat(c.containerdConf() + ".kata-fsx-orig"); err == nil {
+		t.Errorf("the installer's backup of containerd's configuration is still there")
+	}
+}
+
+// podYAML is a pod of the busybox image under runtimeClass running sh -c cmd.
+func podYAML(name, runtimeClass, cmd string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: %s
+  labels: {app: %s}
+spec:
+  runtimeClassName: %s
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: main
+    image: %s
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", %q]
+    ports:
+    - containerPort: 8080
+`, name, name, runtimeClass, busyboxImage, cmd)
+}
+
+// TestKube: a real kubelet creates kata-fsx pods through containerd. The
+// installer DaemonSet installs kata-fsx, the RuntimeClasses pick the
+// backend, kubectl reaches the pods (exec, logs, port-forward), and the
+// DaemonSet's removal leaves containerd's configuration as it was.
+func TestKube(t *testing.T) {
+	c := startCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	before := c.install(ctx, t)
+
+	backends := []struct {
+		class, root string
+		rootRe      *regexp.Regexp
+	}{
+		{"kata-fsx-blk", "ext4 on a virtio-blk disk", regexp.MustCompile(`^/dev/vd[a-z]+ / ext4 `)},
+		{"kata-fsx-fs", "virtiofs", regexp.MustCompile(`^\S+ / virtiofs `)},
+	}
+	for _, b := range backends {
+		t.Run(b.class, func(t *testing.T) {
+			name := "web-" + strings.TrimPrefix(b.class, "kata-fsx-")
+			cmd := "echo started; mkdir -p /www && echo from-" + name + " > /www/index.html && exec httpd -f -p 8080 -h /www"
+			timed(t, "pod "+name+" Ready", func() error {
+				if out, err := c.kubectlIn(ctx, podYAML(name, b.class, cmd), "apply", "-f", "-"); err != nil {
+					return fmt.Errorf("%w\n%s", err, out)
+				}
+				_, err := c.kubectl(ctx, "wait", "--for=condition=Ready", "pod/"+name, "--timeout=5m")
+				return err
+			})
+			defer func() {
+				if out, err := c.kubectl(ctx, "delete", "pod", name, "--wait=true", "--timeout=3m"); err != nil {
+					t.Errorf("delete pod %s: %v\n%s", name, err, out)
+				}
+			}()
+			mounts, err := c.kubectl(ctx, "exec", name, "--", "cat", "/proc/mounts")
+			if err != nil {
+				t.Fatal(err)
+			}
+			root := ""
+			for _, l := range strings.Split(mounts, "\n") {
+				if f := strings.Fields(l); len(f) > 2 && f[1] == "/" {
+					root = l
+				}
+			}
+			if !b.rootRe.MatchString(root) {
+				t.Errorf("runtimeClassName %s: the container's root is %q, want %s", b.class, root, b.root)
+			}
+			// A VM: the guest's own kernel, not the node's.
+			if out, err := c.kubectl(ctx, "exec", name, "--", "cat", "/proc/version"); err != nil {
+				t.Error(err)
+			} else if host, _ := os.ReadFile("/proc/version"); out == string(host) {
+				t.Errorf("the pod runs on the node's kernel: %s", out)
+			}
+			if out, err := c.kubectl(ctx, "logs", name); err != nil || !strings.Contains(out, "started") {
+				t.Errorf("kubectl logs %s: %q, %v", name, out, err)
+			}
+			if out, err := c.kubectlIn(ctx, "from stdin\n", "exec", "-i", name, "--", "cat"); err != nil || out != "from stdin\n" {
+				t.Errorf("kubectl exec -i %s -- cat: %q, %v", name, out, err)
+			}
+			if got := c.portForwardGet(ctx, t, name, 8080); got != "from-"+name+"\n" {
+				t.Errorf("kubectl port-forward %s 8080: %q, want from-%s", name, got, name)
+			}
+		})
+	}
+	c.uninstall(ctx, t, before)
+	c.checkNothingLeft(t)
+}
+
+// forwardingRe is what kubectl port-forward prints once it listens.
+var forwardingRe = regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+) -> (\d+)`)
+
+// portForwardGet runs kubectl port-forward to the pod's port and GETs /
+// through it; kubectl ends its session at the first connection the
+// runtime cannot make, so a GET that comes too early is retried with a new
+// session, up to 2 minutes.
+func (c *cluster) portForwardGet(ctx context.Context, t *testing.T, pod string, port int) string {
+	t.Helper()
+	var body string
+	err := testenv.Wait(2*time.Minute, func() (bool, error) {
+		b, err := c.portForwardOnce(ctx, pod, port)
+		body = b
+		return err == nil, err
+	})
+	if err != nil {
+		t.Errorf("GET / through kubectl port-forward %s %d: %v", pod, port, err)
+	}
+	return body
+}
+
+func (c *cluster) portForwardOnce(ctx context.Context, pod string, port int) (string, error) {
+	pctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(pctx, "nsenter", "--net=/run/netns/"+c.netns, "--", filepath.Join(c.bin, "kubectl"),
+		"--kubeconfig", c.kubeconfig, "port-forward", "pod/"+pod, fmt.Sprintf("0:%d", port))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	defer func() {
+		cancel()
+		_ = cmd.Wait()
+	}()
+	local := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if m := forwardingRe.FindStringSubmatch(sc.Text()); m != nil {
+				local <- m[1]
+				break
+			}
+		}
+		close(local)
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	lport, ok := <-local
+	if !ok {
+		return "", fmt.Errorf("kubectl port-forward printed no \"Forwarding from\" line: %s", stderr.String())
+	}
+	// kubectl listens in the cluster's namespace: GET from there.
+	out, err := run(pctx, "nsenter", "--net=/run/netns/"+c.netns, "--", "busybox", "wget", "-q", "-O", "-", "http://127.0.0.1:"+lport+"/")
+	if err != nil {
+		return "", fmt.Errorf("%w (kubectl: %s)", err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+// checkNothingLeft: no shim, QEMU or virtiofsd of the cluster's pods, no
+// tap in its namespace.
+func (c *cluster) checkNothingLeft(t *testing.T) {
+	t.Helper()
+	out, _ := exec.Command("sh", "-c", "ps -eo pid,args | grep -E 'containerd-shim-kata-fsx-v2|qemu-system|virtiofsd' | grep -F '"+c.dir+"' | grep -v grep").CombinedOutput()
+	if s := strings.TrimSpace(string(out)); s != "" {
+		t.Errorf("processes of the cluster's kata-fsx pods are left:\n%s", s)
+	}
+	if out, err := run(context.Background(), "ip", "-n", c.netns, "-o", "link", "show"); err == nil && strings.Contains(out, "_kata") {
+		t.Errorf("taps left in the cluster's namespace:\n%s", out)
+	}
+}
