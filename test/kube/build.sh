@@ -54,13 +54,13 @@ pkg=k8s.io/component-base/version
 ldflags="-X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2) -X $pkg.gitTreeState=clean"
 (
 	cd "$src"
-	# Static, as Kubernetes releases them (kubectl runs in the installer's
-	# busybox image, which has no libc); the kubelet with cgo, as released.
+	# Static, as Kubernetes releases them (kubectl also runs in the
+	# installer's busybox image, which has no libc); one build setting, so
+	# the programs share every compiled package.
 	GOFLAGS=-mod=mod CGO_ENABLED=0 "$GO" build -trimpath -ldflags "$ldflags" -o "$OUT/bin/" \
-		k8s.io/kubernetes/cmd/kube-apiserver \
+		k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-apiserver \
 		k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler \
 		k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl
-	GOFLAGS=-mod=mod "$GO" build -trimpath -ldflags "$ldflags" -o "$OUT/bin/" k8s.io/kubernetes/cmd/kubelet
 	GOFLAGS=-mod=mod CGO_ENABLED=0 "$GO" build -trimpath -o "$OUT/bin/etcd" go.etcd.io/etcd/server/v3
 )
 echo "$stamp" > "$OUT/bin/.version"

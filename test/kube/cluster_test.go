@@ -580,10 +580,12 @@ func (c *cluster) makeCgroups() error {
 	}
 	for _, h := range hier {
 		parent := filepath.Dir(h)
+		dir := filepath.Join(parent, c.netns)
 		if filepath.Base(parent) == "unified" {
+			// The kubelet makes its own there; it is removed all the same.
+			c.cgroups = append(c.cgroups, dir)
 			continue
 		}
-		dir := filepath.Join(parent, c.netns)
 		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return err
 		}

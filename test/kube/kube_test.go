@@ -120,8 +120,13 @@ func (c *cluster) install(ctx context.Context, t *testing.T) []byte {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if n := c.starts("containerd"); n <= starts {
-		t.Errorf("the installer did not restart containerd (started %d times, %d before the DaemonSet)", n, starts)
+	if err := c.waitFor(ctx, "containerd's restart", func() error {
+		if n := c.starts("containerd"); n <= starts {
+			return fmt.Errorf("containerd started %d times, %d before the DaemonSet", n, starts)
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("the installer did not restart containerd: %v", err)
 	}
 	return before
 }
@@ -132,10 +137,17 @@ func (c *cluster) uninstall(ctx context.Context, t *testing.T, before []byte) {
 	t.Helper()
 	starts := c.starts("containerd")
 	timed(t, "kata-fsx removed with its DaemonSet", func() error {
-		if out, err := c.kubectlIn(ctx, c.deployManifest, "delete", "-f", "-", "--wait=true"); err != nil {
+		// The DaemonSet first: its pods undo their work with the service
+		// account's rights, which the rest of the manifest holds.
+		if out, err := c.kubectl(ctx, "delete", "daemonset", "kata-fsx-deploy", "-n", "kube-system", "--wait=true"); err != nil {
 			return fmt.Errorf("%w\n%s", err, out)
 		}
-		return c.waitFor(ctx, "the installer's undo", func() error {
+		defer func() {
+			if out, err := c.kubectlIn(ctx, c.deployManifest, "delete", "-f", "-", "--ignore-not-found"); err != nil {
+				t.Errorf("delete the rest of kata-fsx-deploy.yaml: %v\n%s", err, out)
+			}
+		}()
+		if err := c.waitFor(ctx, "the installer's undo", func() error {
 			out, err := c.kubectl(ctx, "get", "node", nodeName, "-o", `jsonpath={.metadata.labels.katacontainers\.io/kata-fsx-runtime}`)
 			if err != nil {
 				return err
@@ -144,10 +156,20 @@ func (c *cluster) uninstall(ctx context.Context, t *testing.T, before []byte) {
 				return fmt.Errorf("the node still has label %q", out)
 			}
 			return nil
-		})
+		}); err != nil {
+			return err
+		}
+		_, err := c.kubectl(ctx, "wait", "--for=delete", "pod", "-l", "name=kata-fsx-deploy", "-n", "kube-system", "--timeout=3m")
+		return err
 	})
-	if n := c.starts("containerd"); n <= starts {
-		t.Errorf("the removal did not restart containerd (started %d times, %d before)", n, starts)
+	// The restart is a kill, then the supervisor's start a second later.
+	if err := c.waitFor(ctx, "containerd's restart", func() error {
+		if n := c.starts("containerd"); n <= starts {
+			return fmt.Errorf("containerd started %d times, %d before the removal", n, starts)
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("the removal did not restart containerd: %v", err)
 	}
 	after, err := os.ReadFile(c.containerdConf())
 	if err != nil {
@@ -164,24 +186,57 @@ func (c *cluster) uninstall(ctx context.Context, t *testing.T, before []byte) {
 	}
 }
 
-// podYAML is a pod of the busybox image under runtimeClass running sh -c cmd.
+// podYAML is a pod of the busybox image under runtimeClass running sh -c
+// cmd, with a configMap, a secret, downward API and a memory emptyDir
+// mounted, and the configMap it reads.
 func podYAML(name, runtimeClass, cmd string) string {
 	return fmt.Sprintf(`apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: %[1]s-cfg
+data:
+  greeting: v1
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: %[1]s-secret
+stringData:
+  password: s3cret
+---
+apiVersion: v1
 kind: Pod
 metadata:
-  name: %s
-  labels: {app: %s}
+  name: %[1]s
+  labels: {app: %[1]s}
 spec:
-  runtimeClassName: %s
+  runtimeClassName: %[2]s
   terminationGracePeriodSeconds: 5
   containers:
   - name: main
-    image: %s
+    image: %[3]s
     imagePullPolicy: Never
-    command: ["/bin/sh", "-c", %q]
+    command: ["/bin/sh", "-c", %[4]q]
     ports:
     - containerPort: 8080
-`, name, name, runtimeClass, busyboxImage, cmd)
+    volumeMounts:
+    - {name: cfg, mountPath: /cfg}
+    - {name: secret, mountPath: /secret}
+    - {name: podinfo, mountPath: /podinfo}
+    - {name: scratch, mountPath: /scratch}
+  volumes:
+  - name: cfg
+    configMap: {name: %[1]s-cfg}
+  - name: secret
+    secret: {secretName: %[1]s-secret}
+  - name: podinfo
+    downwardAPI:
+      items:
+      - path: labels
+        fieldRef: {fieldPath: metadata.labels}
+  - name: scratch
+    emptyDir: {medium: Memory}
+`, name, runtimeClass, busyboxImage, cmd)
 }
 
 // TestKube: a real kubelet creates kata-fsx pods through containerd. The
@@ -213,7 +268,7 @@ func TestKube(t *testing.T) {
 				return err
 			})
 			defer func() {
-				if out, err := c.kubectl(ctx, "delete", "pod", name, "--wait=true", "--timeout=3m"); err != nil {
+				if out, err := c.kubectl(ctx, "delete", "pod/"+name, "configmap/"+name+"-cfg", "secret/"+name+"-secret", "--wait=true", "--timeout=3m"); err != nil {
 					t.Errorf("delete pod %s: %v\n%s", name, err, out)
 				}
 			}()
@@ -245,10 +300,55 @@ func TestKube(t *testing.T) {
 			if got := c.portForwardGet(ctx, t, name, 8080); got != "from-"+name+"\n" {
 				t.Errorf("kubectl port-forward %s 8080: %q, want from-%s", name, got, name)
 			}
+			c.checkVolumes(ctx, t, name)
 		})
 	}
 	c.uninstall(ctx, t, before)
 	c.checkNothingLeft(t)
+}
+
+// checkVolumes reads the pod's volumes through kubectl exec, copies a file
+// in with kubectl cp, and updates the configMap: the kubelet's new file
+// must reach the running pod.
+func (c *cluster) checkVolumes(ctx context.Context, t *testing.T, name string) {
+	t.Helper()
+	for _, v := range []struct{ path, want string }{
+		{"/cfg/greeting", "v1"},
+		{"/secret/password", "s3cret"},
+		{"/podinfo/labels", `app="` + name + `"`},
+	} {
+		if out, err := c.kubectl(ctx, "exec", name, "--", "cat", v.path); err != nil || out != v.want {
+			t.Errorf("pod %s: %s is %q (%v), want %q", name, v.path, out, err, v.want)
+		}
+	}
+	if out, err := c.kubectl(ctx, "exec", name, "--", "sh", "-c", "grep ' /scratch ' /proc/mounts"); err != nil || !strings.Contains(out, "tmpfs") {
+		t.Errorf("pod %s: emptyDir medium Memory at /scratch: %q (%v), want a tmpfs", name, out, err)
+	}
+	local := filepath.Join(t.TempDir(), "copied")
+	if err := os.WriteFile(local, []byte("through kubectl cp\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.kubectl(ctx, "cp", local, name+":/tmp/copied"); err != nil {
+		t.Errorf("kubectl cp into %s: %v\n%s", name, err, out)
+	} else if out, err := c.kubectl(ctx, "exec", name, "--", "cat", "/tmp/copied"); err != nil || out != "through kubectl cp\n" {
+		t.Errorf("pod %s: the file kubectl cp wrote reads %q (%v)", name, out, err)
+	}
+	start := time.Now()
+	if out, err := c.kubectl(ctx, "patch", "configmap", name+"-cfg", "--type=merge", "-p", `{"data":{"greeting":"v2"}}`); err != nil {
+		t.Fatalf("update configmap: %v\n%s", err, out)
+	}
+	err := testenv.Wait(3*time.Minute, func() (bool, error) {
+		out, err := c.kubectl(ctx, "exec", name, "--", "cat", "/cfg/greeting")
+		if err != nil {
+			return false, err
+		}
+		return out == "v2", fmt.Errorf("/cfg/greeting is %q", out)
+	})
+	if err != nil {
+		t.Errorf("pod %s: the configMap's update did not reach the running pod: %v", name, err)
+	} else {
+		t.Logf("pod %s: the configMap's update reached the pod in %s", name, time.Since(start).Round(100*time.Millisecond))
+	}
 }
 
 // forwardingRe is what kubectl port-forward prints once it listens.
@@ -315,14 +415,21 @@ func (c *cluster) portForwardOnce(ctx context.Context, pod string, port int) (st
 }
 
 // checkNothingLeft: no shim, QEMU or virtiofsd of the cluster's pods, no
-// tap in its namespace.
+// tap in its namespace, no sandbox directory in kata-fsx's run directory.
 func (c *cluster) checkNothingLeft(t *testing.T) {
 	t.Helper()
-	out, _ := exec.Command("sh", "-c", "ps -eo pid,args | grep -E 'containerd-shim-kata-fsx-v2|qemu-system|virtiofsd' | grep -F '"+c.dir+"' | grep -v grep").CombinedOutput()
+	out, _ := exec.Command("sh", "-c", "ps -eo pid,args | grep -E 'containerd-shim-kata-fsx-v2|qemu-system|virtiofsd' | grep -e '"+c.dir+"' -e '"+c.runDir+"' | grep -v grep").CombinedOutput()
 	if s := strings.TrimSpace(string(out)); s != "" {
 		t.Errorf("processes of the cluster's kata-fsx pods are left:\n%s", s)
 	}
 	if out, err := run(context.Background(), "ip", "-n", c.netns, "-o", "link", "show"); err == nil && strings.Contains(out, "_kata") {
 		t.Errorf("taps left in the cluster's namespace:\n%s", out)
+	}
+	if ents, err := os.ReadDir(c.runDir); err == nil && len(ents) > 0 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("kata-fsx's run directory %s still holds %v", c.runDir, names)
 	}
 }

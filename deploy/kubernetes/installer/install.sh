@@ -120,7 +120,9 @@ label() {
 }
 
 uninstall() {
-	trap - TERM INT
+	# Restarting containerd breaks the kubelet's stop request, which it
+	# then repeats with another SIGTERM: the undo must not die of it.
+	trap '' TERM INT
 	say "removing kata-fsx from node $NODE_NAME"
 	if [ -f "$BACKUP" ]; then
 		cp -p "$BACKUP" "$CONF"
