@@ -459,8 +459,10 @@ func (c *cluster) startContainerd(ctx context.Context, t *testing.T) error {
 		"cniVersion": "1.0.0", "name": "kfsx-kube",
 		"plugins": []any{map[string]any{
 			"type": "bridge", "bridge": "kfsxbr0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+			// The default route through the bridge takes a pod's
+			// traffic to Service addresses to kube-proxy's rules.
 			"ipam": map[string]any{"type": "host-local", "ranges": []any{[]any{map[string]any{"subnet": podSubnet}}},
-				"dataDir": c.path("cni", "ipam")},
+				"routes": []any{map[string]any{"dst": "0.0.0.0/0"}}, "dataDir": c.path("cni", "ipam")},
 		}, map[string]any{"type": "portmap", "capabilities": map[string]any{"portMappings": true}}},
 	}, "", "  ")
 	if err != nil {

@@ -301,6 +301,7 @@ func TestKube(t *testing.T) {
 				t.Errorf("kubectl port-forward %s 8080: %q, want from-%s", name, got, name)
 			}
 			c.checkVolumes(ctx, t, name)
+			c.checkService(ctx, t, name, b.class)
 		})
 	}
 	c.uninstall(ctx, t, before)
@@ -349,6 +350,109 @@ func (c *cluster) checkVolumes(ctx context.Context, t *testing.T, name string) {
 	} else {
 		t.Logf("pod %s: the configMap's update reached the pod in %s", name, time.Since(start).Round(100*time.Millisecond))
 	}
+}
+
+// checkService runs a Deployment of 3 replicas under runtimeClass behind
+// a ClusterIP Service, and from pod client reaches each replica at its
+// pod IP and the Service's address (kube-proxy's rules in the cluster's
+// namespace), which must spread the requests over the replicas.
+func (c *cluster) checkService(ctx context.Context, t *testing.T, client, runtimeClass string) {
+	t.Helper()
+	name := "svc-" + strings.TrimPrefix(runtimeClass, "kata-fsx-")
+	manifest := fmt.Sprintf(`apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: %[1]s
+spec:
+  replicas: 3
+  selector:
+    matchLabels: {app: %[1]s}
+  template:
+    metadata:
+      labels: {app: %[1]s}
+    spec:
+      runtimeClassName: %[2]s
+      terminationGracePeriodSeconds: 5
+      containers:
+      - name: web
+        image: %[3]s
+        imagePullPolicy: Never
+        command: ["/bin/sh", "-c", "mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www"]
+        ports:
+        - containerPort: 8080
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: %[1]s
+spec:
+  selector: {app: %[1]s}
+  ports:
+  - port: 80
+    targetPort: 8080
+`, name, runtimeClass, busyboxImage)
+	timed(t, "Deployment "+name+" of 3 replicas available", func() error {
+		if out, err := c.kubectlIn(ctx, manifest, "apply", "-f", "-"); err != nil {
+			return fmt.Errorf("%w\n%s", err, out)
+		}
+		_, err := c.kubectl(ctx, "rollout", "status", "deployment/"+name, "--timeout=6m")
+		return err
+	})
+	defer func() {
+		if out, err := c.kubectlIn(ctx, manifest, "delete", "-f", "-", "--wait=true", "--timeout=3m"); err != nil {
+			t.Errorf("delete %s: %v\n%s", name, err, out)
+		}
+		if _, err := c.kubectl(ctx, "wait", "--for=delete", "pod", "-l", "app="+name, "--timeout=3m"); err != nil {
+			t.Errorf("the replicas of %s did not go: %v", name, err)
+		}
+	}()
+	out, err := c.kubectl(ctx, "get", "pods", "-l", "app="+name, "-o", `jsonpath={range .items[*]}{.metadata.name} {.status.podIP}{"\n"}{end}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replicas := map[string]bool{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 2 {
+			t.Fatalf("replicas of %s: %q", name, out)
+		}
+		replicas[f[0]] = true
+		got, err := c.kubectl(ctx, "exec", client, "--", "sh", "-c", httpGet(f[1], "8080"))
+		if err != nil || strings.TrimSpace(got) != f[0] {
+			t.Errorf("pod %s reaching replica %s at %s: %q, %v", client, f[0], f[1], got, err)
+		}
+	}
+	if len(replicas) != 3 {
+		t.Fatalf("%d replicas of %s, want 3: %q", len(replicas), name, out)
+	}
+	ip, err := c.kubectl(ctx, "get", "service", name, "-o", "jsonpath={.spec.clusterIP}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for i := 0; i < 20; i++ {
+		got, err := c.kubectl(ctx, "exec", client, "--", "sh", "-c", httpGet(ip, "80"))
+		if err != nil {
+			t.Errorf("pod %s reaching Service %s at %s: %v", client, name, ip, err)
+			break
+		}
+		host := strings.TrimSpace(got)
+		if !replicas[host] {
+			t.Errorf("Service %s answered %q, not one of its replicas", name, host)
+		}
+		seen[host]++
+	}
+	if len(seen) < 2 {
+		t.Errorf("20 requests to Service %s reached %v: want them spread over the replicas", name, seen)
+	}
+	t.Logf("Service %s (%s): 20 requests from pod %s reached %v", name, ip, client, seen)
+}
+
+// httpGet is a shell command that prints the body of GET / from
+// host:port with busybox's nc (its wget, static glibc, crashes resolving
+// in the guest).
+func httpGet(host, port string) string {
+	return fmt.Sprintf(`printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 10 %s %s | sed '1,/^\r*$/d'`, host, port)
 }
 
 // forwardingRe is what kubectl port-forward prints once it listens.
