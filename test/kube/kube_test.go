@@ -302,6 +302,7 @@ func TestKube(t *testing.T) {
 			}
 			c.checkVolumes(ctx, t, name)
 			c.checkService(ctx, t, name, b.class)
+			c.checkExits(ctx, t, b.class)
 		})
 	}
 	c.uninstall(ctx, t, before)
@@ -446,6 +447,78 @@ spec:
 		t.Errorf("20 requests to Service %s reached %v: want them spread over the replicas", name, seen)
 	}
 	t.Logf("Service %s (%s): 20 requests from pod %s reached %v", name, ip, client, seen)
+}
+
+// checkExits: a Job's container exit code reaches the Job's pod status
+// and the Job fails, and a crash-looping container is restarted by the
+// kubelet, its restart count rising.
+func (c *cluster) checkExits(ctx context.Context, t *testing.T, runtimeClass string) {
+	t.Helper()
+	short := strings.TrimPrefix(runtimeClass, "kata-fsx-")
+	job, crash := "job-"+short, "crash-"+short
+	manifest := fmt.Sprintf(`apiVersion: batch/v1
+kind: Job
+metadata:
+  name: %[1]s
+spec:
+  backoffLimit: 0
+  template:
+    spec:
+      runtimeClassName: %[3]s
+      restartPolicy: Never
+      containers:
+      - name: main
+        image: %[4]s
+        imagePullPolicy: Never
+        command: ["/bin/sh", "-c", "echo working; exit 3"]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: %[2]s
+spec:
+  runtimeClassName: %[3]s
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: main
+    image: %[4]s
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", "echo crashing; exit 1"]
+`, job, crash, runtimeClass, busyboxImage)
+	if out, err := c.kubectlIn(ctx, manifest, "apply", "-f", "-"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	defer func() {
+		if out, err := c.kubectlIn(ctx, manifest, "delete", "-f", "-", "--wait=true", "--timeout=3m", "--cascade=foreground"); err != nil {
+			t.Errorf("delete %s and %s: %v\n%s", job, crash, err, out)
+		}
+	}()
+	timed(t, "Job "+job+" failed with its exit code", func() error {
+		if _, err := c.kubectl(ctx, "wait", "--for=condition=Failed", "job/"+job, "--timeout=4m"); err != nil {
+			return err
+		}
+		out, err := c.kubectl(ctx, "get", "pods", "-l", "job-name="+job, "-o", `jsonpath={.items[0].status.containerStatuses[0].state.terminated.exitCode}`)
+		if err != nil {
+			return err
+		}
+		if out != "3" {
+			return fmt.Errorf("the Job's pod reports exit code %q, want 3", out)
+		}
+		return nil
+	})
+	timed(t, "pod "+crash+" restarted twice by the kubelet", func() error {
+		return c.waitFor(ctx, "restarts", func() error {
+			out, err := c.kubectl(ctx, "get", "pod", crash, "-o", `jsonpath={.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].lastState.terminated.exitCode}`)
+			if err != nil {
+				return err
+			}
+			var n, code int
+			if _, err := fmt.Sscan(out, &n, &code); err != nil || n < 2 || code != 1 {
+				return fmt.Errorf("restartCount and last exit code %q, want 2 or more and 1", out)
+			}
+			return nil
+		})
+	})
 }
 
 // httpGet is a shell command that prints the body of GET / from
