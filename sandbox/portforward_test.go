@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kata-fsx/kata-fsx/test/logtest"
 	"github.com/kata-fsx/kata-fsx/test/testenv"
 )
 
@@ -109,13 +110,8 @@ func TestPortForwarder(t *testing.T) {
 	a, b := server(t, "a\n"), server(t, "b\n")
 	g := newFakeGuest()
 	g.set([]uint16{a}, nil)
-	var logMu sync.Mutex
-	var logged []string
-	f := &portForwarder{guest: g, listen: podSide, logf: func(format string, args ...any) {
-		logMu.Lock()
-		logged = append(logged, fmt.Sprintf(format, args...))
-		logMu.Unlock()
-	}}
+	var logged logtest.Lines
+	f := &portForwarder{guest: g, listen: podSide, logf: logged.Logf}
 	f.start(context.Background())
 	stopped := false
 	defer func() {
@@ -165,10 +161,8 @@ func TestPortForwarder(t *testing.T) {
 	// A guest that stops answering keeps what is forwarded, and is said once.
 	g.set([]uint16{b}, errors.New("agent gone"))
 	testenv.Eventually(t, time.Minute, func() (bool, error) {
-		logMu.Lock()
-		defer logMu.Unlock()
-		if n := strings.Count(strings.Join(logged, "\n"), "agent gone"); n != 1 {
-			return false, fmt.Errorf("the failure logged %d times: %q", n, logged)
+		if n := strings.Count(logged.String(), "agent gone"); n != 1 {
+			return false, fmt.Errorf("the failure logged %d times: %q", n, logged.String())
 		}
 		return true, nil
 	})
@@ -198,13 +192,8 @@ func TestPortForwarderPortTaken(t *testing.T) {
 	defer taken.Close()
 	g := newFakeGuest()
 	g.set(sortedPorts(a, b), nil)
-	var logMu sync.Mutex
-	var logged []string
-	f := &portForwarder{guest: g, listen: podSide, logf: func(format string, args ...any) {
-		logMu.Lock()
-		logged = append(logged, fmt.Sprintf(format, args...))
-		logMu.Unlock()
-	}}
+	var logged logtest.Lines
+	f := &portForwarder{guest: g, listen: podSide, logf: logged.Logf}
 	f.start(context.Background())
 	defer f.stop()
 	testenv.Eventually(t, time.Minute, func() (bool, error) {
@@ -222,10 +211,8 @@ func TestPortForwarderPortTaken(t *testing.T) {
 		}
 		return true, nil
 	})
-	logMu.Lock()
-	defer logMu.Unlock()
-	if n := strings.Count(strings.Join(logged, "\n"), fmt.Sprintf("port %d is not forwarded", a)); n != 1 {
-		t.Fatalf("the taken port logged %d times: %q", n, logged)
+	if n := strings.Count(logged.String(), fmt.Sprintf("port %d is not forwarded", a)); n != 1 {
+		t.Fatalf("the taken port logged %d times: %q", n, logged.String())
 	}
 }
 
