@@ -219,6 +219,18 @@ spec:
     command: ["/bin/sh", "-c", %[4]q]
     ports:
     - containerPort: 8080
+    # The kubelet's three kinds of probe: exec through CRI's ExecSync,
+    # HTTP and TCP to the pod's address on the bridge.
+    startupProbe:
+      exec: {command: ["cat", "/www/index.html"]}
+      periodSeconds: 1
+      failureThreshold: 60
+    readinessProbe:
+      httpGet: {path: /, port: 8080}
+      periodSeconds: 2
+    livenessProbe:
+      tcpSocket: {port: 8080}
+      periodSeconds: 2
     volumeMounts:
     - {name: cfg, mountPath: /cfg}
     - {name: secret, mountPath: /secret}
@@ -272,6 +284,14 @@ func TestKube(t *testing.T) {
 					t.Errorf("delete pod %s: %v\n%s", name, err, out)
 				}
 			}()
+			// Ready needed the probes to pass; the liveness probe keeps
+			// passing while the checks below run (restart count 0 at the end).
+			defer func() {
+				out, err := c.kubectl(ctx, "get", "pod", name, "-o", `jsonpath={.status.containerStatuses[0].restartCount}`)
+				if err != nil || out != "0" {
+					t.Errorf("pod %s: restart count %q (%v), want 0: its liveness probe failed", name, out, err)
+				}
+			}()
 			mounts, err := c.kubectl(ctx, "exec", name, "--", "cat", "/proc/mounts")
 			if err != nil {
 				t.Fatal(err)
@@ -303,6 +323,7 @@ func TestKube(t *testing.T) {
 			c.checkVolumes(ctx, t, name)
 			c.checkService(ctx, t, name, b.class)
 			c.checkExits(ctx, t, b.class)
+			c.checkTermination(ctx, t, b.class)
 		})
 	}
 	c.uninstall(ctx, t, before)
@@ -519,6 +540,62 @@ spec:
 			return nil
 		})
 	})
+}
+
+// checkTermination deletes a pod whose preStop hook and SIGTERM handler
+// write to a hostPath volume: both must have run, in that order, and the
+// process must have ended on the signal, not on the grace period's kill.
+func (c *cluster) checkTermination(ctx context.Context, t *testing.T, runtimeClass string) {
+	t.Helper()
+	name := "term-" + strings.TrimPrefix(runtimeClass, "kata-fsx-")
+	dir := c.path("hostpath", name)
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	manifest := fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: %[1]s
+spec:
+  runtimeClassName: %[2]s
+  terminationGracePeriodSeconds: 60
+  containers:
+  - name: main
+    image: %[3]s
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", "trap 'echo term >> /host/events; exit 0' TERM; echo started >> /host/events; while :; do sleep 1; done"]
+    lifecycle:
+      preStop:
+        exec: {command: ["/bin/sh", "-c", "echo prestop >> /host/events"]}
+    volumeMounts:
+    - {name: host, mountPath: /host}
+  volumes:
+  - name: host
+    hostPath: {path: %[4]s, type: Directory}
+`, name, runtimeClass, busyboxImage, dir)
+	events := filepath.Join(dir, "events")
+	timed(t, "pod "+name+" with a hostPath volume started", func() error {
+		if out, err := c.kubectlIn(ctx, manifest, "apply", "-f", "-"); err != nil {
+			return fmt.Errorf("%w\n%s", err, out)
+		}
+		return c.waitFor(ctx, "the pod's first line in the hostPath volume", func() error {
+			b, err := os.ReadFile(events)
+			if err != nil || string(b) != "started\n" {
+				return fmt.Errorf("%s: %q (%v)", events, b, err)
+			}
+			return nil
+		})
+	})
+	start := time.Now()
+	if out, err := c.kubectl(ctx, "delete", "pod", name, "--wait=true", "--timeout=3m"); err != nil {
+		t.Fatalf("delete pod %s: %v\n%s", name, err, out)
+	}
+	took := time.Since(start).Round(100 * time.Millisecond)
+	b, err := os.ReadFile(events)
+	if err != nil || string(b) != "started\nprestop\nterm\n" {
+		t.Errorf("pod %s: the hostPath file after deletion is %q (%v), want started, prestop, term", name, b, err)
+	}
+	t.Logf("pod %s deleted in %s (grace period 60 s): %q", name, took, b)
 }
 
 // httpGet is a shell command that prints the body of GET / from
