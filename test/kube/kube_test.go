@@ -3,6 +3,7 @@ package kube
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"os"
@@ -236,6 +237,8 @@ spec:
     - {name: secret, mountPath: /secret}
     - {name: podinfo, mountPath: /podinfo}
     - {name: scratch, mountPath: /scratch}
+    - {name: disk, mountPath: /disk}
+    - {name: token, mountPath: /token}
   volumes:
   - name: cfg
     configMap: {name: %[1]s-cfg}
@@ -248,6 +251,12 @@ spec:
         fieldRef: {fieldPath: metadata.labels}
   - name: scratch
     emptyDir: {medium: Memory}
+  - name: disk
+    emptyDir: {}
+  - name: token
+    projected:
+      sources:
+      - serviceAccountToken: {path: token, expirationSeconds: 3600, audience: kata-fsx-test}
 `, name, runtimeClass, busyboxImage, cmd)
 }
 
@@ -346,6 +355,18 @@ func (c *cluster) checkVolumes(ctx context.Context, t *testing.T, name string) {
 	}
 	if out, err := c.kubectl(ctx, "exec", name, "--", "sh", "-c", "grep ' /scratch ' /proc/mounts"); err != nil || !strings.Contains(out, "tmpfs") {
 		t.Errorf("pod %s: emptyDir medium Memory at /scratch: %q (%v), want a tmpfs", name, out, err)
+	}
+	if out, err := c.kubectl(ctx, "exec", name, "--", "sh", "-c", "echo on-disk > /disk/f && cat /disk/f"); err != nil || out != "on-disk\n" {
+		t.Errorf("pod %s: the disk emptyDir at /disk: %q (%v)", name, out, err)
+	}
+	// A JSON web token: three base64url parts, the payload naming the
+	// audience asked for.
+	if out, err := c.kubectl(ctx, "exec", name, "--", "cat", "/token/token"); err != nil {
+		t.Errorf("pod %s: projected service account token: %v", name, err)
+	} else if parts := strings.Split(out, "."); len(parts) != 3 {
+		t.Errorf("pod %s: projected service account token %.40q is not a JWT", name, out)
+	} else if payload, err := base64.RawURLEncoding.DecodeString(parts[1]); err != nil || !strings.Contains(string(payload), `"aud":["kata-fsx-test"]`) {
+		t.Errorf("pod %s: the token's payload %q (%v) names no audience kata-fsx-test", name, payload, err)
 	}
 	local := filepath.Join(t.TempDir(), "copied")
 	if err := os.WriteFile(local, []byte("through kubectl cp\n"), 0o644); err != nil {
@@ -471,8 +492,8 @@ spec:
 }
 
 // checkExits: a Job's container exit code reaches the Job's pod status
-// and the Job fails, and a crash-looping container is restarted by the
-// kubelet, its restart count rising.
+// and the Job fails, one that exits 0 completes, and a crash-looping
+// container is restarted by the kubelet, its restart count rising.
 func (c *cluster) checkExits(ctx context.Context, t *testing.T, runtimeClass string) {
 	t.Helper()
 	short := strings.TrimPrefix(runtimeClass, "kata-fsx-")
@@ -492,6 +513,22 @@ spec:
         image: %[4]s
         imagePullPolicy: Never
         command: ["/bin/sh", "-c", "echo working; exit 3"]
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: %[1]s-ok
+spec:
+  backoffLimit: 0
+  template:
+    spec:
+      runtimeClassName: %[3]s
+      restartPolicy: Never
+      containers:
+      - name: main
+        image: %[4]s
+        imagePullPolicy: Never
+        command: ["/bin/sh", "-c", "echo done"]
 ---
 apiVersion: v1
 kind: Pod
@@ -524,6 +561,16 @@ spec:
 		}
 		if out != "3" {
 			return fmt.Errorf("the Job's pod reports exit code %q, want 3", out)
+		}
+		return nil
+	})
+	timed(t, "Job "+job+"-ok complete", func() error {
+		if _, err := c.kubectl(ctx, "wait", "--for=condition=Complete", "job/"+job+"-ok", "--timeout=4m"); err != nil {
+			return err
+		}
+		out, err := c.kubectl(ctx, "logs", "job/"+job+"-ok")
+		if err != nil || out != "done\n" {
+			return fmt.Errorf("the Job's log %q (%v), want done", out, err)
 		}
 		return nil
 	})
