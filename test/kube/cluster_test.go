@@ -396,25 +396,21 @@ func (c *cluster) stop(t testing.TB) {
 // kubectl runs kubectl against the cluster and returns its stdout. It
 // runs in the cluster's namespace, where the apiserver's address is.
 func (c *cluster) kubectl(ctx context.Context, args ...string) (string, error) {
+	return c.kubectlIn(ctx, "", args...)
+}
+
+// kubectlIn is kubectl with stdin; its error carries kubectl's stderr.
+func (c *cluster) kubectlIn(ctx context.Context, stdin string, args ...string) (string, error) {
 	full := append([]string{"--net=/run/netns/" + c.netns, "--", filepath.Join(c.bin, "kubectl"), "--kubeconfig", c.kubeconfig}, args...)
 	cmd := exec.CommandContext(ctx, "nsenter", full...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
 		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
-	}
-	return string(out), nil
-}
-
-// kubectlIn runs kubectl with stdin.
-func (c *cluster) kubectlIn(ctx context.Context, stdin string, args ...string) (string, error) {
-	full := append([]string{"--net=/run/netns/" + c.netns, "--", filepath.Join(c.bin, "kubectl"), "--kubeconfig", c.kubeconfig}, args...)
-	cmd := exec.CommandContext(ctx, "nsenter", full...)
-	cmd.Stdin = strings.NewReader(stdin)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)
 	}
 	return string(out), nil
 }

@@ -491,6 +491,27 @@ spec:
 	t.Logf("Service %s (%s): 20 requests from pod %s reached %v", name, ip, client, seen)
 }
 
+// jobYAML is a Job of one busybox container under runtimeClass running
+// sh -c cmd once, never retried.
+func jobYAML(name, runtimeClass, cmd string) string {
+	return fmt.Sprintf(`apiVersion: batch/v1
+kind: Job
+metadata:
+  name: %s
+spec:
+  backoffLimit: 0
+  template:
+    spec:
+      runtimeClassName: %s
+      restartPolicy: Never
+      containers:
+      - name: main
+        image: %s
+        imagePullPolicy: Never
+        command: ["/bin/sh", "-c", %q]
+`, name, runtimeClass, busyboxImage, cmd)
+}
+
 // checkExits: a Job's container exit code reaches the Job's pod status
 // and the Job fails, one that exits 0 completes, and a crash-looping
 // container is restarted by the kubelet, its restart count rising.
@@ -498,51 +519,20 @@ func (c *cluster) checkExits(ctx context.Context, t *testing.T, runtimeClass str
 	t.Helper()
 	short := strings.TrimPrefix(runtimeClass, "kata-fsx-")
 	job, crash := "job-"+short, "crash-"+short
-	manifest := fmt.Sprintf(`apiVersion: batch/v1
-kind: Job
-metadata:
-  name: %[1]s
-spec:
-  backoffLimit: 0
-  template:
-    spec:
-      runtimeClassName: %[3]s
-      restartPolicy: Never
-      containers:
-      - name: main
-        image: %[4]s
-        imagePullPolicy: Never
-        command: ["/bin/sh", "-c", "echo working; exit 3"]
----
-apiVersion: batch/v1
-kind: Job
-metadata:
-  name: %[1]s-ok
-spec:
-  backoffLimit: 0
-  template:
-    spec:
-      runtimeClassName: %[3]s
-      restartPolicy: Never
-      containers:
-      - name: main
-        image: %[4]s
-        imagePullPolicy: Never
-        command: ["/bin/sh", "-c", "echo done"]
----
+	manifest := jobYAML(job, runtimeClass, "echo working; exit 3") + "---\n" + jobYAML(job+"-ok", runtimeClass, "echo done") + fmt.Sprintf(`---
 apiVersion: v1
 kind: Pod
 metadata:
-  name: %[2]s
+  name: %[1]s
 spec:
-  runtimeClassName: %[3]s
+  runtimeClassName: %[2]s
   terminationGracePeriodSeconds: 5
   containers:
   - name: main
-    image: %[4]s
+    image: %[3]s
     imagePullPolicy: Never
     command: ["/bin/sh", "-c", "echo crashing; exit 1"]
-`, job, crash, runtimeClass, busyboxImage)
+`, crash, runtimeClass, busyboxImage)
 	if out, err := c.kubectlIn(ctx, manifest, "apply", "-f", "-"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
